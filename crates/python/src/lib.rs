@@ -1,0 +1,17 @@
+//! Python binding (`deepring_recipe._native`): argument conversion and error mapping only.
+//!
+//! Every public class is declared with `module = "deepring_recipe._native"` so reprs and pickling
+//! errors name the real module. Errors from the core crates become Python exceptions in
+//! [`errors`], the one place that maps them.
+
+use pyo3::prelude::*;
+
+mod errors;
+mod tokenizer;
+
+#[pymodule]
+fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    tokenizer::register(m)?;
+    Ok(())
+}

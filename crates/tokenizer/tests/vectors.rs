@@ -1,0 +1,85 @@
+//! Token ids of every recorded request vector (deepseek-recipe 0.2.0, both encodings).
+
+mod common;
+
+use deepring_tokenizer::{Parallelism, Tuning};
+
+#[test]
+fn recorded_prompts_encode_to_recorded_ids() {
+    let tok = common::tokenizer();
+    let vectors = common::request_vectors();
+    let mut checked = 0;
+    for case in vectors["cases"].as_array().expect("cases") {
+        let Some(rendered) = case.get("rendered").and_then(|r| r.as_object()) else {
+            continue;
+        };
+        for (version, r) in rendered {
+            let Some(ids) = r.get("token_ids").and_then(|v| v.as_array()) else {
+                continue;
+            };
+            let prompt = r["prompt"].as_str().expect("prompt");
+            let ranges: Vec<(usize, usize)> = r["special_ranges"]
+                .as_array()
+                .expect("ranges")
+                .iter()
+                .map(|p| {
+                    (
+                        p[0].as_u64().unwrap() as usize,
+                        p[1].as_u64().unwrap() as usize,
+                    )
+                })
+                .collect();
+            let ranges = common::char_to_byte_ranges(prompt, &ranges);
+            let expected: Vec<u32> = ids.iter().map(|v| v.as_u64().unwrap() as u32).collect();
+            for threads in [1, 2, 3] {
+                let t = tok.with_parallelism(Parallelism::Threads(threads));
+                let fine = Tuning {
+                    parallel_min_bytes: 0,
+                    min_piece_bytes: 1,
+                    pieces_per_thread: 64,
+                };
+                let got = t
+                    .encode_prompt_tuned(prompt, &ranges, fine)
+                    .expect("encodes");
+                assert_eq!(
+                    got, expected,
+                    "case {} {version} threads {threads}",
+                    case["id"]
+                );
+            }
+            assert_eq!(r["n_tokens"].as_u64(), Some(expected.len() as u64));
+            checked += 1;
+        }
+    }
+    assert!(checked >= 90, "only {checked} prompts had recorded ids");
+}
+
+#[test]
+fn missing_special_token_is_an_error_naming_it() {
+    let tok = common::tokenizer();
+    let prompt = "<｜Nope｜>x";
+    let err = tok
+        .encode_prompt(prompt, &[(0, "<｜Nope｜>".len())])
+        .unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "special token \"<｜Nope｜>\" is not in the added vocabulary"
+    );
+}
+
+#[test]
+fn ranges_off_char_boundaries_are_rejected() {
+    let tok = common::tokenizer();
+    assert!(tok.encode_prompt("日本", &[(1, 3)]).is_err());
+    assert!(tok.encode_prompt("ab", &[(1, 1)]).is_err());
+    assert!(tok.encode_prompt("ab", &[(0, 5)]).is_err());
+}
+
+#[test]
+fn full_vocabulary_encode_matches_special_spellings() {
+    let tok = common::tokenizer();
+    let ids = tok.encode("a<｜User｜>b").unwrap();
+    assert!(ids.contains(&128803), "{ids:?}");
+    let plain = tok.encode_plain("a<｜User｜>b").unwrap();
+    assert!(!plain.contains(&128803), "{plain:?}");
+}
