@@ -1,0 +1,203 @@
+"""Decode attention: one new token per request over its window ring and compressed pages.
+
+The new token's key is passed separately (`kv`), so the ring still holds only earlier positions
+when this runs; ring index i holds the latest position p' < pos with p' = i (mod ring_len), and
+it is visible when p' > pos - window. Compressed keys as in prefill attention. Sinks included.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from deepring.kernels.dispatch import HAVE_TRITON, next_pow2, use_triton
+
+
+def decode_attention_torch(
+    q: torch.Tensor,
+    kv: torch.Tensor,
+    ring: torch.Tensor,
+    comp: torch.Tensor | None,
+    positions: torch.Tensor,
+    slots: torch.Tensor,
+    block_tables: torch.Tensor,
+    comp_idx: torch.Tensor | None,
+    comp_ratio: int,
+    sinks: torch.Tensor,
+    scale: float,
+    window: int,
+) -> torch.Tensor:
+    """q: [B, H, D]; kv: [B, D]; positions/slots: [B]; comp_idx: [B, K] or None."""
+    b, h, _ = q.shape
+    ring_len = ring.shape[1]
+    p = positions[:, None]
+    i = torch.arange(ring_len, device=q.device)
+    ring_pos = (p - 1) - torch.remainder(p - 1 - i, ring_len)
+    keys = [ring[slots], kv[:, None]]
+    masks = [(ring_pos >= 0) & (ring_pos > p - window), torch.ones_like(p, dtype=torch.bool)]
+    if comp is not None:
+        epb = comp.shape[1]
+        if comp_idx is not None:
+            e, cm = comp_idx.clamp(min=0), comp_idx >= 0
+        else:
+            n = (positions + 1) // comp_ratio
+            e = torch.arange(int(n.max()) if b else 0, device=q.device).expand(b, -1)
+            cm = e < n[:, None]
+        blk = block_tables.gather(1, e // epb)
+        keys.append(comp[blk, e % epb])
+        masks.append(cm)
+    k = torch.cat(keys, 1).float()
+    sc = torch.einsum("bhd,bnd->bhn", q.float(), k) * scale
+    sc = sc.masked_fill(~torch.cat(masks, 1)[:, None, :], float("-inf"))
+    sc = torch.cat([sc, sinks.float().view(1, h, 1).expand(b, h, 1)], -1)
+    prob = torch.softmax(sc, -1)[..., :-1]
+    return torch.einsum("bhn,bnd->bhd", prob, k).to(q.dtype)
+
+
+if HAVE_TRITON:
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def _attend(q, k, valid, m_i, l_i, acc, scale, PREC: tl.constexpr):
+        sc = tl.dot(q, tl.trans(k), input_precision=PREC) * scale
+        sc = tl.where(valid[None, :], sc, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(sc, axis=1))
+        alpha = tl.exp(m_i - m_new)
+        p = tl.exp(sc - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        acc = acc * alpha[:, None] + tl.dot(p.to(k.dtype), k, input_precision=PREC)
+        return m_new, l_i, acc
+
+    @triton.jit
+    def _decode_attn_kernel(
+        q_ptr, kv_ptr, ring_ptr, comp_ptr, out_ptr, sinks_ptr, pos_ptr, slots_ptr, bt_ptr, idx_ptr,
+        H, D, RING, EPB, RATIO, K_IDX, WINDOW, scale,
+        stride_qb, stride_qh, stride_kv, stride_ring_s, stride_ring_r, stride_comp_b,
+        stride_comp_e, stride_ob, stride_oh, stride_bt, stride_idx,
+        HAS_COMP: tl.constexpr, HAS_IDX: tl.constexpr, PREC: tl.constexpr,
+        BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    ):  # fmt: skip
+        b = tl.program_id(0).to(tl.int64)
+        heads = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+        hmask = heads < H
+        dcols = tl.arange(0, BLOCK_D)
+        dmask = dcols < D
+        pos = tl.load(pos_ptr + b)
+        slot = tl.load(slots_ptr + b)
+        q = tl.load(
+            q_ptr + b * stride_qb + heads[:, None] * stride_qh + dcols[None, :],
+            mask=hmask[:, None] & dmask[None, :], other=0.0,
+        )  # fmt: skip
+        m_i = tl.load(sinks_ptr + heads, mask=hmask, other=0.0).to(tl.float32)
+        l_i = tl.full([BLOCK_H], 1.0, dtype=tl.float32)
+        acc = tl.zeros([BLOCK_H, BLOCK_D], dtype=tl.float32)
+        # Ring: the window's earlier positions pos-window+1 .. pos-1.
+        lo = tl.maximum(pos - WINDOW + 1, 0)
+        for kstart in range(0, WINDOW, BLOCK_N):
+            kpos = lo + kstart + tl.arange(0, BLOCK_N)
+            valid = kpos < pos
+            kptr = ring_ptr + slot * stride_ring_s + (kpos % RING) * stride_ring_r
+            k = tl.load(
+                kptr[:, None] + dcols[None, :], mask=valid[:, None] & dmask[None, :], other=0.0
+            )
+            m_i, l_i, acc = _attend(q, k, valid, m_i, l_i, acc, scale, PREC)
+        # The new token itself (one valid key in a padded tile: tl.dot needs 16 rows).
+        j = tl.arange(0, 16)
+        valid = j == 0
+        k = tl.load(
+            kv_ptr + b * stride_kv + j[:, None] * 0 + dcols[None, :],
+            mask=valid[:, None] & dmask[None, :], other=0.0,
+        )  # fmt: skip
+        m_i, l_i, acc = _attend(q, k, valid, m_i, l_i, acc, scale, PREC)
+        if HAS_COMP:
+            n_keys = K_IDX if HAS_IDX else (pos + 1) // RATIO
+            for kstart in range(0, n_keys, BLOCK_N):
+                jj = kstart + tl.arange(0, BLOCK_N)
+                jm = jj < n_keys
+                if HAS_IDX:
+                    e = tl.load(idx_ptr + b * stride_idx + jj, mask=jm, other=-1).to(tl.int64)
+                    valid = jm & (e >= 0)
+                else:
+                    e = jj.to(tl.int64)
+                    valid = jm
+                e = tl.where(valid, e, 0)
+                blk = tl.load(bt_ptr + b * stride_bt + e // EPB, mask=valid, other=0)
+                kptr = comp_ptr + blk * stride_comp_b + (e % EPB) * stride_comp_e
+                k = tl.load(
+                    kptr[:, None] + dcols[None, :], mask=valid[:, None] & dmask[None, :], other=0.0
+                )
+                m_i, l_i, acc = _attend(q, k, valid, m_i, l_i, acc, scale, PREC)
+        o = acc / l_i[:, None]
+        tl.store(
+            out_ptr + b * stride_ob + heads[:, None] * stride_oh + dcols[None, :],
+            o.to(out_ptr.dtype.element_ty), mask=hmask[:, None] & dmask[None, :],
+        )  # fmt: skip
+
+
+def decode_attention_triton(
+    q: torch.Tensor,
+    kv: torch.Tensor,
+    ring: torch.Tensor,
+    comp: torch.Tensor | None,
+    positions: torch.Tensor,
+    slots: torch.Tensor,
+    block_tables: torch.Tensor,
+    comp_idx: torch.Tensor | None,
+    comp_ratio: int,
+    sinks: torch.Tensor,
+    scale: float,
+    window: int,
+    block_n: int = 32,
+) -> torch.Tensor:
+    b, h, d = q.shape
+    if q.stride(-1) != 1 or kv.stride(-1) != 1 or ring.stride(-1) != 1:
+        raise ValueError("attention inputs need a contiguous last dimension")
+    out = torch.empty_like(q)
+    if b == 0:
+        return out
+    block_h = max(16, min(next_pow2(h), 64))
+    comp_t = comp if comp is not None else ring
+    idx = comp_idx if comp_idx is not None else positions
+    _decode_attn_kernel[(b, triton.cdiv(h, block_h))](
+        q, kv, ring, comp_t, out, sinks, positions, slots, block_tables, idx,
+        h, d, ring.shape[1], comp_t.shape[1], max(comp_ratio, 1),
+        comp_idx.shape[1] if comp_idx is not None else 0, window, float(scale),
+        q.stride(0), q.stride(1), kv.stride(0), ring.stride(0), ring.stride(1),
+        comp_t.stride(0), comp_t.stride(1), out.stride(0), out.stride(1),
+        block_tables.stride(0), idx.stride(0) if comp_idx is not None else 0,
+        HAS_COMP=comp is not None, HAS_IDX=comp_idx is not None,
+        PREC="ieee" if q.dtype == torch.float32 else "tf32",
+        BLOCK_H=block_h, BLOCK_N=block_n, BLOCK_D=max(16, next_pow2(d)),
+    )  # fmt: skip
+    return out
+
+
+def decode_attention(
+    q: torch.Tensor,
+    kv: torch.Tensor,
+    ring: torch.Tensor,
+    comp: torch.Tensor | None,
+    positions: torch.Tensor,
+    slots: torch.Tensor,
+    block_tables: torch.Tensor,
+    comp_idx: torch.Tensor | None,
+    comp_ratio: int,
+    sinks: torch.Tensor,
+    scale: float,
+    window: int,
+) -> torch.Tensor:
+    fn = decode_attention_triton if use_triton(q) else decode_attention_torch
+    return fn(
+        q,
+        kv,
+        ring,
+        comp,
+        positions,
+        slots,
+        block_tables,
+        comp_idx,
+        comp_ratio,
+        sinks,
+        scale,
+        window,
+    )

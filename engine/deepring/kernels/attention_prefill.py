@@ -1,0 +1,241 @@
+"""Prefill attention: each query row sees its sliding window plus a set of compressed entries.
+
+Window keys come from two places: positions before the chunk from the request's ring
+(`ring[slot, pos % ring_len]`), positions inside the chunk from this step's `kv`. Compressed
+keys come from the paged cache (`comp[block, entry % entries_per_block]`), either the entries
+listed in `comp_idx` (CSA top-k, -1 = none) or every causal entry e < (pos + 1) // ratio (HCA).
+K = V (shared single-head MQA); each head has a sink logit in the softmax denominator.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from deepring.kernels.dispatch import HAVE_TRITON, next_pow2, use_triton
+
+
+@dataclass
+class SeqLayout:
+    """Where each request of a batch sits. Python lists for loops, tensors for kernels."""
+
+    offsets: list[int]  # first row of each request in the flat token axis
+    lens: list[int]  # rows of each request in this step
+    starts: list[int]  # position of each request's first row (= tokens already cached)
+    slots: torch.Tensor  # [S] int64 state slot (ring, compressor tails)
+    block_tables: torch.Tensor  # [S, max_blocks] int64, padded with 0
+    token_seq: torch.Tensor  # [T] int64 request index of each row
+    positions: torch.Tensor  # [T] int64 absolute position of each row
+    starts_t: torch.Tensor  # [S] int64
+    offsets_t: torch.Tensor  # [S] int64
+
+    def subset(self, seqs: list[int]) -> SeqLayout:
+        """The layout of some requests only (row indices stay global)."""
+        idx = torch.tensor(seqs, dtype=torch.long, device=self.slots.device)
+        return SeqLayout(
+            offsets=[self.offsets[i] for i in seqs],
+            lens=[self.lens[i] for i in seqs],
+            starts=[self.starts[i] for i in seqs],
+            slots=self.slots[idx],
+            block_tables=self.block_tables[idx],
+            token_seq=self.token_seq,
+            positions=self.positions,
+            starts_t=self.starts_t[idx],
+            offsets_t=self.offsets_t[idx],
+        )
+
+
+def _entries(comp: torch.Tensor, block_row: torch.Tensor, e: torch.Tensor) -> torch.Tensor:
+    epb = comp.shape[1]
+    return comp[block_row[e // epb], e % epb]
+
+
+def prefill_attention_torch(
+    q: torch.Tensor,
+    kv: torch.Tensor,
+    ring: torch.Tensor,
+    comp: torch.Tensor | None,
+    layout: SeqLayout,
+    comp_idx: torch.Tensor | None,
+    comp_ratio: int,
+    sinks: torch.Tensor,
+    scale: float,
+    window: int,
+) -> torch.Tensor:
+    h = q.shape[1]
+    out = torch.empty_like(q)
+    ring_len = ring.shape[1]
+    dev = q.device
+    for s, (a, n_rows, p0) in enumerate(
+        zip(layout.offsets, layout.lens, layout.starts, strict=True)
+    ):
+        slot = int(layout.slots[s])
+        nh = min(p0, window - 1)
+        hist_pos = torch.arange(p0 - nh, p0, device=dev)
+        keys = [ring[slot, hist_pos % ring_len], kv[a : a + n_rows]]
+        qpos = torch.arange(p0, p0 + n_rows, device=dev)
+        kpos = torch.arange(p0 - nh, p0 + n_rows, device=dev)
+        mask = (kpos[None] <= qpos[:, None]) & (kpos[None] > qpos[:, None] - window)
+        if comp is not None:
+            n = (p0 + n_rows) // comp_ratio
+            e = torch.arange(n, device=dev)
+            keys.append(_entries(comp, layout.block_tables[s], e))
+            if comp_idx is not None:
+                sel = comp_idx[a : a + n_rows]
+                cm = torch.zeros(n_rows, n + 1, dtype=torch.bool, device=dev)
+                cm.scatter_(1, torch.where(sel >= 0, sel, n), True)
+                cm = cm[:, :n]
+            else:
+                cm = e[None] < ((qpos + 1) // comp_ratio)[:, None]
+            mask = torch.cat([mask, cm], 1)
+        k = torch.cat(keys).float()
+        sc = torch.einsum("lhd,nd->lhn", q[a : a + n_rows].float(), k) * scale
+        sc = sc.masked_fill(~mask[:, None, :], float("-inf"))
+        sc = torch.cat([sc, sinks.float().view(1, h, 1).expand(n_rows, h, 1)], -1)
+        p = torch.softmax(sc, -1)[..., :-1]
+        out[a : a + n_rows] = torch.einsum("lhn,nd->lhd", p, k).to(q.dtype)
+    return out
+
+
+if HAVE_TRITON:
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def _prefill_attn_kernel(
+        q_ptr, kv_ptr, ring_ptr, comp_ptr, out_ptr, sinks_ptr,
+        token_seq_ptr, pos_ptr, starts_ptr, offsets_ptr, slots_ptr, bt_ptr, idx_ptr,
+        H, D, RING, EPB, RATIO, K_IDX, WINDOW, scale,
+        stride_qt, stride_qh, stride_kv, stride_ring_s, stride_ring_r, stride_comp_b,
+        stride_comp_e, stride_ot, stride_oh, stride_bt, stride_idx,
+        HAS_COMP: tl.constexpr, HAS_IDX: tl.constexpr, PREC: tl.constexpr,
+        BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    ):  # fmt: skip
+        row = tl.program_id(0).to(tl.int64)
+        hb = tl.program_id(1)
+        heads = hb * BLOCK_H + tl.arange(0, BLOCK_H)
+        hmask = heads < H
+        dcols = tl.arange(0, BLOCK_D)
+        dmask = dcols < D
+        s = tl.load(token_seq_ptr + row)
+        pos = tl.load(pos_ptr + row)
+        start = tl.load(starts_ptr + s)
+        off = tl.load(offsets_ptr + s)
+        slot = tl.load(slots_ptr + s)
+        q = tl.load(
+            q_ptr + row * stride_qt + heads[:, None] * stride_qh + dcols[None, :],
+            mask=hmask[:, None] & dmask[None, :], other=0.0,
+        )  # fmt: skip
+        m_i = tl.load(sinks_ptr + heads, mask=hmask, other=0.0).to(tl.float32)
+        l_i = tl.full([BLOCK_H], 1.0, dtype=tl.float32)
+        acc = tl.zeros([BLOCK_H, BLOCK_D], dtype=tl.float32)
+        lo = tl.maximum(pos - WINDOW + 1, 0)
+        # Sliding window: positions lo..pos, older ones from the ring, the rest from this chunk.
+        for kstart in range(0, WINDOW, BLOCK_N):
+            kpos = lo + kstart + tl.arange(0, BLOCK_N)
+            valid = kpos <= pos
+            hist = kpos < start
+            rptr = ring_ptr + slot * stride_ring_s + (kpos % RING) * stride_ring_r
+            cptr = kv_ptr + (off + kpos - start) * stride_kv
+            k = tl.load(
+                rptr[:, None] + dcols[None, :], mask=(valid & hist)[:, None] & dmask[None, :],
+                other=0.0,
+            ) + tl.load(
+                cptr[:, None] + dcols[None, :], mask=(valid & ~hist)[:, None] & dmask[None, :],
+                other=0.0,
+            )  # fmt: skip
+            sc = tl.dot(q, tl.trans(k), input_precision=PREC) * scale
+            sc = tl.where(valid[None, :], sc, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(sc, axis=1))
+            alpha = tl.exp(m_i - m_new)
+            p = tl.exp(sc - m_new[:, None])
+            l_i = l_i * alpha + tl.sum(p, axis=1)
+            acc = acc * alpha[:, None] + tl.dot(p.to(k.dtype), k, input_precision=PREC)
+            m_i = m_new
+        if HAS_COMP:
+            n_keys = K_IDX if HAS_IDX else (pos + 1) // RATIO
+            for kstart in range(0, n_keys, BLOCK_N):
+                j = kstart + tl.arange(0, BLOCK_N)
+                jm = j < n_keys
+                if HAS_IDX:
+                    e = tl.load(idx_ptr + row * stride_idx + j, mask=jm, other=-1).to(tl.int64)
+                    valid = jm & (e >= 0)
+                else:
+                    e = j.to(tl.int64)
+                    valid = jm
+                e = tl.where(valid, e, 0)
+                blk = tl.load(bt_ptr + s * stride_bt + e // EPB, mask=valid, other=0)
+                kptr = comp_ptr + blk * stride_comp_b + (e % EPB) * stride_comp_e
+                k = tl.load(
+                    kptr[:, None] + dcols[None, :], mask=valid[:, None] & dmask[None, :], other=0.0
+                )
+                sc = tl.dot(q, tl.trans(k), input_precision=PREC) * scale
+                sc = tl.where(valid[None, :], sc, float("-inf"))
+                m_new = tl.maximum(m_i, tl.max(sc, axis=1))
+                alpha = tl.exp(m_i - m_new)
+                p = tl.exp(sc - m_new[:, None])
+                l_i = l_i * alpha + tl.sum(p, axis=1)
+                acc = acc * alpha[:, None] + tl.dot(p.to(k.dtype), k, input_precision=PREC)
+                m_i = m_new
+        o = acc / l_i[:, None]
+        tl.store(
+            out_ptr + row * stride_ot + heads[:, None] * stride_oh + dcols[None, :],
+            o.to(out_ptr.dtype.element_ty), mask=hmask[:, None] & dmask[None, :],
+        )  # fmt: skip
+
+
+def prefill_attention_triton(
+    q: torch.Tensor,
+    kv: torch.Tensor,
+    ring: torch.Tensor,
+    comp: torch.Tensor | None,
+    layout: SeqLayout,
+    comp_idx: torch.Tensor | None,
+    comp_ratio: int,
+    sinks: torch.Tensor,
+    scale: float,
+    window: int,
+    block_n: int = 32,
+) -> torch.Tensor:
+    t, h, d = q.shape
+    if q.stride(-1) != 1 or kv.stride(-1) != 1 or ring.stride(-1) != 1:
+        raise ValueError("attention inputs need a contiguous last dimension")
+    out = torch.empty_like(q)
+    if t == 0:
+        return out
+    block_h = max(16, min(next_pow2(h), 64))
+    has_comp = comp is not None
+    comp_t = comp if has_comp else ring
+    idx = comp_idx if comp_idx is not None else layout.positions
+    starts = layout.starts_t
+    grid = (t, triton.cdiv(h, block_h))
+    _prefill_attn_kernel[grid](
+        q, kv, ring, comp_t, out, sinks, layout.token_seq, layout.positions, starts,
+        layout.offsets_t, layout.slots, layout.block_tables, idx,
+        h, d, ring.shape[1], comp_t.shape[1], max(comp_ratio, 1),
+        comp_idx.shape[1] if comp_idx is not None else 0, window, float(scale),
+        q.stride(0), q.stride(1), kv.stride(0), ring.stride(0), ring.stride(1),
+        comp_t.stride(0), comp_t.stride(1), out.stride(0), out.stride(1),
+        layout.block_tables.stride(0), idx.stride(0) if comp_idx is not None else 0,
+        HAS_COMP=has_comp, HAS_IDX=comp_idx is not None,
+        PREC="ieee" if q.dtype == torch.float32 else "tf32",
+        BLOCK_H=block_h, BLOCK_N=block_n, BLOCK_D=max(16, next_pow2(d)),
+    )  # fmt: skip
+    return out
+
+
+def prefill_attention(
+    q: torch.Tensor,
+    kv: torch.Tensor,
+    ring: torch.Tensor,
+    comp: torch.Tensor | None,
+    layout: SeqLayout,
+    comp_idx: torch.Tensor | None,
+    comp_ratio: int,
+    sinks: torch.Tensor,
+    scale: float,
+    window: int,
+) -> torch.Tensor:
+    fn = prefill_attention_triton if use_triton(q) else prefill_attention_torch
+    return fn(q, kv, ring, comp, layout, comp_idx, comp_ratio, sinks, scale, window)

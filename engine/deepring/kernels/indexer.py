@@ -1,0 +1,144 @@
+"""Lightning-indexer scores and top-k selection over a request's compressed index keys.
+
+score[t, e] = sum_h w[t, h] * relu(q[t, h] . k[e]) * scale, for causal entries
+e < (pos_t + 1) // ratio (others -inf). The top `topk` entries per row are returned (-1 where a
+row has fewer causal entries). Ties are broken towards the lower entry index, independent of
+batch composition: selection is a stable descending sort, not torch.topk.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from deepring.kernels.attention_prefill import SeqLayout
+from deepring.kernels.dispatch import HAVE_TRITON, next_pow2, use_triton
+
+
+def _n_entries(layout: SeqLayout, ratio: int) -> int:
+    return max(
+        ((p + n) // ratio for p, n in zip(layout.starts, layout.lens, strict=True)), default=0
+    )
+
+
+def indexer_scores_torch(
+    q: torch.Tensor,
+    weights: torch.Tensor,
+    index_cache: torch.Tensor,
+    layout: SeqLayout,
+    ratio: int,
+    scale: float,
+) -> torch.Tensor:
+    """q: [T, HI, DI] (roped); weights: [T, HI]. Returns fp32 scores [T, N] (N = max entries)."""
+    t = q.shape[0]
+    n_max = _n_entries(layout, ratio)
+    dev = q.device
+    scores = torch.full((t, n_max), float("-inf"), device=dev)
+    if n_max == 0 or t == 0:
+        return scores
+    epb = index_cache.shape[1]
+    e = torch.arange(n_max, device=dev)
+    qf, wf = q.float(), weights.float()
+    single = [i for i, n in enumerate(layout.lens) if n == 1]
+    if single:  # decode rows: one per request, batched
+        rows = torch.tensor([layout.offsets[i] for i in single], device=dev)
+        blk = layout.block_tables[single][:, e // epb]
+        keys = index_cache[blk, e % epb].float()  # [B, N, DI]
+        s = torch.relu(torch.einsum("bhd,bnd->bhn", qf[rows], keys)) * scale
+        scores[rows] = (s * wf[rows, :, None]).sum(1)
+    for s_i, (a, n_rows, p0) in enumerate(
+        zip(layout.offsets, layout.lens, layout.starts, strict=True)
+    ):
+        n = (p0 + n_rows) // ratio
+        if n == 0 or n_rows == 1:
+            continue
+        keys = index_cache[layout.block_tables[s_i, e[:n] // epb], e[:n] % epb].float()
+        s = torch.relu(torch.einsum("lhd,nd->lhn", qf[a : a + n_rows], keys)) * scale
+        scores[a : a + n_rows, :n] = (s * wf[a : a + n_rows, :, None]).sum(1)
+    causal = (layout.positions + 1) // ratio
+    return scores.masked_fill(e[None] >= causal[:, None], float("-inf"))
+
+
+def select_topk(scores: torch.Tensor, topk: int) -> torch.Tensor:
+    """Top-k entry ids per row, -1 for non-causal picks; deterministic tie order."""
+    k = min(topk, scores.shape[1])
+    vals, idx = torch.sort(scores, dim=-1, descending=True, stable=True)
+    vals, idx = vals[:, :k], idx[:, :k]
+    return torch.where(vals == float("-inf"), torch.full_like(idx, -1), idx)
+
+
+if HAVE_TRITON:
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def _indexer_scores_kernel(
+        q_ptr, w_ptr, k_ptr, out_ptr, token_seq_ptr, pos_ptr, bt_ptr,
+        HI, DI, EPB, RATIO, N, scale,
+        stride_qt, stride_qh, stride_wt, stride_kb, stride_ke, stride_ot, stride_bt,
+        PREC: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    ):  # fmt: skip
+        row = tl.program_id(0).to(tl.int64)
+        nb = tl.program_id(1)
+        heads = tl.arange(0, BLOCK_H)
+        hmask = heads < HI
+        dcols = tl.arange(0, BLOCK_D)
+        dmask = dcols < DI
+        s = tl.load(token_seq_ptr + row)
+        pos = tl.load(pos_ptr + row)
+        n_causal = (pos + 1) // RATIO
+        e = (nb * BLOCK_N + tl.arange(0, BLOCK_N)).to(tl.int64)
+        valid = e < n_causal
+        q = tl.load(
+            q_ptr + row * stride_qt + heads[:, None] * stride_qh + dcols[None, :],
+            mask=hmask[:, None] & dmask[None, :], other=0.0,
+        )  # fmt: skip
+        w = tl.load(w_ptr + row * stride_wt + heads, mask=hmask, other=0.0).to(tl.float32)
+        ee = tl.where(valid, e, 0)
+        blk = tl.load(bt_ptr + s * stride_bt + ee // EPB, mask=valid, other=0)
+        kptr = k_ptr + blk * stride_kb + (ee % EPB) * stride_ke
+        k = tl.load(kptr[:, None] + dcols[None, :], mask=valid[:, None] & dmask[None, :], other=0.0)
+        sc = tl.maximum(tl.dot(q, tl.trans(k), input_precision=PREC), 0.0) * scale
+        tot = tl.sum(sc * w[:, None], axis=0)
+        tot = tl.where(valid, tot, float("-inf"))
+        tl.store(out_ptr + row * stride_ot + e, tot, mask=e < N)
+
+
+def indexer_scores_triton(
+    q: torch.Tensor,
+    weights: torch.Tensor,
+    index_cache: torch.Tensor,
+    layout: SeqLayout,
+    ratio: int,
+    scale: float,
+    block_n: int = 32,
+) -> torch.Tensor:
+    t, hi, di = q.shape
+    n_max = _n_entries(layout, ratio)
+    out = torch.full((t, n_max), float("-inf"), device=q.device)
+    if t == 0 or n_max == 0:
+        return out
+    if q.stride(-1) != 1 or index_cache.stride(-1) != 1:
+        raise ValueError("indexer inputs need a contiguous last dimension")
+    weights = weights.float().contiguous()
+    _indexer_scores_kernel[(t, triton.cdiv(n_max, block_n))](
+        q, weights, index_cache, out, layout.token_seq, layout.positions, layout.block_tables,
+        hi, di, index_cache.shape[1], ratio, n_max, float(scale),
+        q.stride(0), q.stride(1), weights.stride(0), index_cache.stride(0),
+        index_cache.stride(1), out.stride(0), layout.block_tables.stride(0),
+        PREC="ieee" if q.dtype == torch.float32 else "tf32",
+        BLOCK_H=max(16, next_pow2(hi)), BLOCK_N=block_n, BLOCK_D=max(16, next_pow2(di)),
+    )  # fmt: skip
+    return out
+
+
+def indexer_topk(
+    q: torch.Tensor,
+    weights: torch.Tensor,
+    index_cache: torch.Tensor,
+    layout: SeqLayout,
+    ratio: int,
+    topk: int,
+    scale: float,
+) -> torch.Tensor:
+    fn = indexer_scores_triton if use_triton(q) else indexer_scores_torch
+    return select_topk(fn(q, weights, index_cache, layout, ratio, scale), topk)

@@ -1,0 +1,179 @@
+"""Routed-expert GEMMs: clamped SwiGLU experts applied to each token's top-k picks.
+
+gate_up: [E, 2I, D] (gate rows first, then up rows); down: [E, D, I]. For a token x routed to
+expert e with weight w: w * down_e(silu(min(g, limit)) * clamp(u, -limit, limit)), [g; u] =
+gate_up_e x. Assignments are grouped by expert (one GEMM per expert); the k contributions of a
+token are summed in a fixed order, so the result does not depend on the other tokens present.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from deepring.kernels.dispatch import HAVE_TRITON, use_triton
+
+
+def _group(idx: torch.Tensor, n_experts: int) -> tuple[torch.Tensor, list[int]]:
+    order = torch.argsort(idx.reshape(-1), stable=True)
+    counts = torch.bincount(idx.reshape(-1), minlength=n_experts).tolist()
+    return order, counts
+
+
+def moe_experts_torch(
+    x: torch.Tensor,
+    idx: torch.Tensor,
+    weights: torch.Tensor,
+    gate_up: torch.Tensor,
+    down: torch.Tensor,
+    limit: float,
+) -> torch.Tensor:
+    n, k = idx.shape
+    order, counts = _group(idx, gate_up.shape[0])
+    rows = order // k
+    w_sorted = weights.reshape(-1)[order]
+    y_sorted = torch.empty(n * k, x.shape[1], dtype=x.dtype, device=x.device)
+    start = 0
+    for e, c in enumerate(counts):
+        if c == 0:
+            continue
+        seg = slice(start, start + c)
+        g, u = F.linear(x[rows[seg]], gate_up[e]).chunk(2, dim=-1)
+        act = F.silu(g.clamp(max=limit)) * u.clamp(min=-limit, max=limit)
+        y_sorted[seg] = F.linear(act, down[e]) * w_sorted[seg, None].to(x.dtype)
+        start += c
+    y = torch.empty_like(y_sorted)
+    y[order] = y_sorted
+    return y.view(n, k, -1).sum(1)
+
+
+if HAVE_TRITON:
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def _gate_up_kernel(
+        x_ptr, rows_ptr, w_ptr, act_ptr, tile_e_ptr, tile_lo_ptr, tile_hi_ptr,
+        D, INTER, limit, stride_x, stride_we, stride_wn, stride_act,
+        PREC: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    ):  # fmt: skip
+        tile = tl.program_id(0)
+        nb = tl.program_id(1)
+        e = tl.load(tile_e_ptr + tile).to(tl.int64)
+        lo = tl.load(tile_lo_ptr + tile)
+        hi = tl.load(tile_hi_ptr + tile)
+        m = lo + tl.arange(0, BLOCK_M)
+        mmask = m < hi
+        rows = tl.load(rows_ptr + m, mask=mmask, other=0).to(tl.int64)
+        cols = nb * BLOCK_N + tl.arange(0, BLOCK_N)
+        cmask = cols < INTER
+        acc_g = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+        acc_u = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+        for k0 in range(0, D, BLOCK_K):
+            kk = k0 + tl.arange(0, BLOCK_K)
+            kmask = kk < D
+            a = tl.load(x_ptr + rows[:, None] * stride_x + kk[None, :],
+                        mask=mmask[:, None] & kmask[None, :], other=0.0)  # fmt: skip
+            wg = tl.load(w_ptr + e * stride_we + cols[None, :] * stride_wn + kk[:, None],
+                         mask=cmask[None, :] & kmask[:, None], other=0.0)  # fmt: skip
+            wu = tl.load(w_ptr + e * stride_we + (cols[None, :] + INTER) * stride_wn + kk[:, None],
+                         mask=cmask[None, :] & kmask[:, None], other=0.0)  # fmt: skip
+            acc_g += tl.dot(a, wg, input_precision=PREC)
+            acc_u += tl.dot(a, wu, input_precision=PREC)
+        g = tl.minimum(acc_g, limit)
+        u = tl.minimum(tl.maximum(acc_u, -limit), limit)
+        act = g / (1.0 + tl.exp(-g)) * u
+        out_mask = mmask[:, None] & cmask[None, :]
+        out_ptrs = act_ptr + m[:, None] * stride_act + cols[None, :]
+        tl.store(out_ptrs, act.to(act_ptr.dtype.element_ty), mask=out_mask)
+
+    @triton.jit
+    def _down_kernel(
+        act_ptr, w_ptr, scale_ptr, y_ptr, tile_e_ptr, tile_lo_ptr, tile_hi_ptr,
+        D, INTER, stride_act, stride_we, stride_wn, stride_y,
+        PREC: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    ):  # fmt: skip
+        tile = tl.program_id(0)
+        nb = tl.program_id(1)
+        e = tl.load(tile_e_ptr + tile).to(tl.int64)
+        lo = tl.load(tile_lo_ptr + tile)
+        hi = tl.load(tile_hi_ptr + tile)
+        m = lo + tl.arange(0, BLOCK_M)
+        mmask = m < hi
+        cols = nb * BLOCK_N + tl.arange(0, BLOCK_N)
+        cmask = cols < D
+        acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+        for k0 in range(0, INTER, BLOCK_K):
+            kk = k0 + tl.arange(0, BLOCK_K)
+            kmask = kk < INTER
+            a = tl.load(act_ptr + m[:, None] * stride_act + kk[None, :],
+                        mask=mmask[:, None] & kmask[None, :], other=0.0)  # fmt: skip
+            w = tl.load(w_ptr + e * stride_we + cols[None, :] * stride_wn + kk[:, None],
+                        mask=cmask[None, :] & kmask[:, None], other=0.0)  # fmt: skip
+            acc += tl.dot(a, w, input_precision=PREC)
+        sc = tl.load(scale_ptr + m, mask=mmask, other=0.0).to(tl.float32)
+        acc = acc * sc[:, None]
+        tl.store(y_ptr + m[:, None] * stride_y + cols[None, :],
+                 acc.to(y_ptr.dtype.element_ty), mask=mmask[:, None] & cmask[None, :])  # fmt: skip
+
+
+def moe_experts_triton(
+    x: torch.Tensor,
+    idx: torch.Tensor,
+    weights: torch.Tensor,
+    gate_up: torch.Tensor,
+    down: torch.Tensor,
+    limit: float,
+    block_m: int = 16,
+    block_n: int = 32,
+    block_k: int = 32,
+) -> torch.Tensor:
+    n, k = idx.shape
+    d = x.shape[1]
+    inter = down.shape[2]
+    if x.stride(-1) != 1 or gate_up.stride(-1) != 1 or down.stride(-1) != 1:
+        raise ValueError("moe inputs need a contiguous last dimension")
+    order, counts = _group(idx, gate_up.shape[0])
+    rows = (order // k).contiguous()
+    w_sorted = weights.reshape(-1)[order].float().contiguous()
+    tiles_e, tiles_lo, tiles_hi = [], [], []
+    start = 0
+    for e, c in enumerate(counts):
+        for lo in range(start, start + c, block_m):
+            tiles_e.append(e)
+            tiles_lo.append(lo)
+            tiles_hi.append(min(lo + block_m, start + c))
+        start += c
+    y_sorted = torch.empty(n * k, d, dtype=x.dtype, device=x.device)
+    if tiles_e:
+        dev = x.device
+        te = torch.tensor(tiles_e, dtype=torch.int32, device=dev)
+        tlo = torch.tensor(tiles_lo, dtype=torch.int32, device=dev)
+        thi = torch.tensor(tiles_hi, dtype=torch.int32, device=dev)
+        act = torch.empty(n * k, inter, dtype=x.dtype, device=dev)
+        prec = "ieee" if x.dtype == torch.float32 else "tf32"
+        _gate_up_kernel[(len(tiles_e), triton.cdiv(inter, block_n))](
+            x, rows, gate_up, act, te, tlo, thi, d, inter, float(limit),
+            x.stride(0), gate_up.stride(0), gate_up.stride(1), act.stride(0),
+            PREC=prec, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
+        )  # fmt: skip
+        _down_kernel[(len(tiles_e), triton.cdiv(d, block_n))](
+            act, down, w_sorted, y_sorted, te, tlo, thi, d, inter,
+            act.stride(0), down.stride(0), down.stride(1), y_sorted.stride(0),
+            PREC=prec, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
+        )  # fmt: skip
+    y = torch.empty_like(y_sorted)
+    y[order] = y_sorted
+    return y.view(n, k, -1).sum(1)
+
+
+def moe_experts(
+    x: torch.Tensor,
+    idx: torch.Tensor,
+    weights: torch.Tensor,
+    gate_up: torch.Tensor,
+    down: torch.Tensor,
+    limit: float,
+) -> torch.Tensor:
+    fn = moe_experts_triton if use_triton(x) else moe_experts_torch
+    return fn(x, idx, weights, gate_up, down, limit)

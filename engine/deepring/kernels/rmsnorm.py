@@ -1,0 +1,66 @@
+"""RMSNorm over the last dimension, optionally weighted (weights are kept in fp32).
+
+Statistics and the weight multiply run in fp32; the result is cast back to the input dtype once.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from deepring.kernels.dispatch import HAVE_TRITON, next_pow2, use_triton
+
+
+def rms_norm_torch(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
+    xf = x.float()
+    y = xf * torch.rsqrt(xf.square().mean(-1, keepdim=True) + eps)
+    if weight is not None:
+        y = y * weight.float()
+    return y.to(x.dtype)
+
+
+if HAVE_TRITON:
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def _rms_norm_kernel(
+        x_ptr, w_ptr, y_ptr, D, stride_x, stride_y, eps,
+        HAS_W: tl.constexpr, BLOCK: tl.constexpr,
+    ):  # fmt: skip
+        row = tl.program_id(0).to(tl.int64)
+        acc = tl.zeros([BLOCK], dtype=tl.float32)
+        for start in range(0, D, BLOCK):
+            cols = start + tl.arange(0, BLOCK)
+            v = tl.load(x_ptr + row * stride_x + cols, mask=cols < D, other=0.0).to(tl.float32)
+            acc += v * v
+        inv = 1.0 / tl.sqrt(tl.sum(acc, axis=0) / D + eps)
+        for start in range(0, D, BLOCK):
+            cols = start + tl.arange(0, BLOCK)
+            m = cols < D
+            v = tl.load(x_ptr + row * stride_x + cols, mask=m, other=0.0).to(tl.float32) * inv
+            if HAS_W:
+                v = v * tl.load(w_ptr + cols, mask=m, other=0.0).to(tl.float32)
+            tl.store(y_ptr + row * stride_y + cols, v.to(y_ptr.dtype.element_ty), mask=m)
+
+
+def rms_norm_triton(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
+    shape = x.shape
+    x2 = x.reshape(-1, shape[-1])
+    if x2.stride(-1) != 1:
+        x2 = x2.contiguous()
+    d = x2.shape[1]
+    if weight is not None and weight.shape != (d,):
+        raise ValueError(f"rms_norm weight shape {tuple(weight.shape)} != ({d},)")
+    y = torch.empty((x2.shape[0], d), dtype=x.dtype, device=x.device)
+    if x2.shape[0]:
+        _rms_norm_kernel[(x2.shape[0],)](
+            x2, weight if weight is not None else x2, y, d, x2.stride(0), y.stride(0), float(eps),
+            HAS_W=weight is not None, BLOCK=min(next_pow2(d), 4096),
+        )  # fmt: skip
+    return y.view(shape)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
+    if use_triton(x):
+        return rms_norm_triton(x, weight, eps)
+    return rms_norm_torch(x, weight, eps)

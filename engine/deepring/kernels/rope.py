@@ -1,0 +1,83 @@
+"""Interleaved RoPE on the trailing `rope_dim` channels of each head (V4's [nope | rope] layout).
+
+`inverse=True` rotates by the negative angle: V4 applies it to the attention output, because K=V
+carried the key's rotation into the values.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from deepring.kernels.dispatch import HAVE_TRITON, next_pow2, use_triton
+
+
+def apply_rope_torch(
+    x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, inverse: bool = False
+) -> torch.Tensor:
+    """x: [T, ..., D]; cos, sin: [T, R/2] (fp32). Returns a new tensor."""
+    r = cos.shape[-1] * 2
+    view = (cos.shape[0],) + (1,) * (x.dim() - 2) + (cos.shape[-1],)
+    c, s = cos.view(view), sin.view(view)
+    if inverse:
+        s = -s
+    rot = x[..., x.shape[-1] - r :].float()
+    x0, x1 = rot[..., 0::2], rot[..., 1::2]
+    out = x.clone()
+    out[..., x.shape[-1] - r :] = torch.stack((x0 * c - x1 * s, x1 * c + x0 * s), -1).flatten(-2)
+    return out
+
+
+if HAVE_TRITON:
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def _rope_kernel(
+        x_ptr, y_ptr, cos_ptr, sin_ptr, H, D, NOPE, stride_xt, stride_xh, stride_yt, stride_yh,
+        stride_c, SIGN: tl.constexpr, HALF: tl.constexpr, BLOCK_NOPE: tl.constexpr,
+    ):  # fmt: skip
+        t = tl.program_id(0).to(tl.int64)
+        h = tl.program_id(1).to(tl.int64)
+        xrow = x_ptr + t * stride_xt + h * stride_xh
+        yrow = y_ptr + t * stride_yt + h * stride_yh
+        for start in range(0, NOPE, BLOCK_NOPE):
+            cols = start + tl.arange(0, BLOCK_NOPE)
+            m = cols < NOPE
+            tl.store(yrow + cols, tl.load(xrow + cols, mask=m), mask=m)
+        i = tl.arange(0, HALF)
+        c = tl.load(cos_ptr + t * stride_c + i)
+        s = tl.load(sin_ptr + t * stride_c + i) * SIGN
+        x0 = tl.load(xrow + NOPE + 2 * i).to(tl.float32)
+        x1 = tl.load(xrow + NOPE + 2 * i + 1).to(tl.float32)
+        tl.store(yrow + NOPE + 2 * i, (x0 * c - x1 * s).to(y_ptr.dtype.element_ty))
+        tl.store(yrow + NOPE + 2 * i + 1, (x1 * c + x0 * s).to(y_ptr.dtype.element_ty))
+
+
+def apply_rope_triton(
+    x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, inverse: bool = False
+) -> torch.Tensor:
+    half = cos.shape[-1]
+    if half & (half - 1):
+        raise ValueError(f"rope kernel needs a power-of-two rope dim, got {2 * half}")
+    t, d = x.shape[0], x.shape[-1]
+    x3 = x.reshape(t, -1, d)
+    if x3.stride(-1) != 1:
+        x3 = x3.contiguous()
+    y = torch.empty_like(x3)
+    cos, sin = cos.float().contiguous(), sin.float().contiguous()
+    nope = d - 2 * half
+    if t and x3.shape[1]:
+        _rope_kernel[(t, x3.shape[1])](
+            x3, y, cos, sin, x3.shape[1], d, nope, x3.stride(0), x3.stride(1), y.stride(0),
+            y.stride(1), cos.stride(0), SIGN=-1.0 if inverse else 1.0, HALF=half,
+            BLOCK_NOPE=min(max(next_pow2(nope), 16), 1024),
+        )  # fmt: skip
+    return y.view(x.shape)
+
+
+def apply_rope(
+    x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, inverse: bool = False
+) -> torch.Tensor:
+    if use_triton(x):
+        return apply_rope_triton(x, cos, sin, inverse)
+    return apply_rope_torch(x, cos, sin, inverse)

@@ -1,0 +1,94 @@
+"""V4 attention: low-rank Q, one shared K=V head with partial RoPE, per-head sinks, a sliding
+window branch on every layer plus compressed entries (CSA top-k or all HCA entries), inverse RoPE
+on the output and a grouped low-rank output projection."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from deepring.cache.pool import LayerCache
+from deepring.kernels.attention_decode import decode_attention
+from deepring.kernels.attention_prefill import prefill_attention
+from deepring.kernels.dispatch import use_triton
+from deepring.kernels.rmsnorm import rms_norm
+from deepring.kernels.rope import apply_rope
+from deepring.model.batch import ForwardBatch
+from deepring.model.compressor import Compressor
+from deepring.model.config import CSA, SLIDING, ModelConfig
+from deepring.model.norm import RMSNorm, linear
+
+
+class Attention(nn.Module):
+    def __init__(self, config: ModelConfig, layer_type: str) -> None:
+        super().__init__()
+        d, h, hd = config.hidden_size, config.num_attention_heads, config.head_dim
+        self.heads, self.head_dim, self.groups = h, hd, config.o_groups
+        self.window = config.sliding_window
+        self.eps = config.rms_norm_eps
+        self.rope_kind = "main" if layer_type == SLIDING else "compress"
+        self.ratio = config.compress_rate(layer_type)
+        self.q_a_proj = linear(d, config.q_lora_rank)
+        self.q_a_norm = RMSNorm(config.q_lora_rank, config.rms_norm_eps)
+        self.q_b_proj = linear(config.q_lora_rank, h * hd)
+        self.kv_proj = linear(d, hd)
+        self.kv_norm = RMSNorm(hd, config.rms_norm_eps)
+        # Grouped output projection: weight [groups * o_lora, h * hd / groups], one block per group.
+        self.o_a_proj = linear(h * hd // config.o_groups, config.o_groups * config.o_lora_rank)
+        self.o_b_proj = linear(config.o_groups * config.o_lora_rank, d)
+        self.sinks = nn.Parameter(torch.zeros(h, dtype=torch.float32))
+        self.compressor = (
+            None if layer_type == SLIDING else Compressor(config, self.ratio, layer_type == CSA)
+        )
+
+    def forward(self, x: torch.Tensor, batch: ForwardBatch, cache: LayerCache) -> torch.Tensor:
+        t = x.shape[0]
+        cos, sin = batch.rope[self.rope_kind]
+        q_lora = self.q_a_norm(self.q_a_proj(x))
+        q = rms_norm(self.q_b_proj(q_lora).view(t, self.heads, self.head_dim), None, self.eps)
+        q = apply_rope(q, cos, sin)
+        kv = apply_rope(self.kv_norm(self.kv_proj(x)), cos, sin)
+
+        comp_idx = None
+        if self.compressor is not None:
+            comp_idx = self.compressor(x, q_lora, batch, cache)
+        out = self._attend(q, kv, batch, cache, comp_idx)
+        # Window ring: remember each request's latest positions for later steps.
+        rows, dest = batch.tail_rows(cache.ring.shape[1])
+        cache.ring.view(-1, self.head_dim)[dest] = kv[rows].to(cache.ring.dtype)
+
+        out = apply_rope(out, cos, sin, inverse=True)
+        grouped = out.reshape(t, self.groups, -1)
+        w = self.o_a_proj.weight.view(self.groups, -1, grouped.shape[-1])
+        mixed = torch.bmm(grouped.transpose(0, 1), w.transpose(1, 2)).transpose(0, 1)
+        return self.o_b_proj(mixed.reshape(t, -1))
+
+    def _attend(
+        self,
+        q: torch.Tensor,
+        kv: torch.Tensor,
+        batch: ForwardBatch,
+        cache: LayerCache,
+        comp_idx: torch.Tensor | None,
+    ) -> torch.Tensor:
+        lay = batch.layout
+        scale = self.head_dim**-0.5
+        args = (self.ratio, self.sinks, scale, self.window)
+        if batch.is_decode:  # one row per request, in request order
+            return decode_attention(
+                q, kv, cache.ring, cache.comp, lay.positions, lay.slots, lay.block_tables,
+                comp_idx, *args,
+            )  # fmt: skip
+        if use_triton(q) or not batch.decode_seqs:
+            return prefill_attention(q, kv, cache.ring, cache.comp, lay, comp_idx, *args)
+        # Mixed step on the torch path: batch the single-row requests, loop over the others.
+        out = prefill_attention(
+            q, kv, cache.ring, cache.comp, lay.subset(batch.prefill_seqs), comp_idx, *args
+        )
+        ds = batch.decode_seqs
+        rows = lay.offsets_t[ds]
+        out[rows] = decode_attention(
+            q[rows], kv[rows], cache.ring, cache.comp, lay.positions[rows], lay.slots[ds],
+            lay.block_tables[ds], None if comp_idx is None else comp_idx[rows], *args,
+        )  # fmt: skip
+        return out

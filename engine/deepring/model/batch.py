@@ -1,0 +1,191 @@
+"""One forward step over a batch of requests, each contributing a chunk of consecutive tokens.
+
+A decode step is the special case of one token per request; prefill chunks may start at any
+position. Everything that depends only on the batch shape (RoPE angles, which compressed entries
+each request completes this step, where rows are gathered from and written to) is computed once
+here and shared by every layer.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from deepring.kernels.attention_prefill import SeqLayout
+from deepring.model.rope import RopeTables
+
+
+@dataclass
+class SeqChunk:
+    """One request's part of a step."""
+
+    token_ids: list[int]
+    start: int  # position of token_ids[0] (= tokens of this request already in the cache)
+    slot: int  # state slot: window ring and compressor tails
+    block_ids: list[int]  # paged-cache blocks covering positions [0, start + len)
+    logits: str = "last"  # "last" | "all" | "none": which rows' logits the step returns
+
+
+@dataclass
+class CompressPlan:
+    """Where the rows of each compressed entry completed this step come from and go to."""
+
+    entry_seq: torch.Tensor  # [E] request index
+    from_chunk: torch.Tensor  # [E, R] bool: row is in this step's chunk (else in the tail state)
+    chunk_row: torch.Tensor  # [E, R] row index into the step's tokens (clamped)
+    state_row: torch.Tensor  # [E, R] row index into the flattened tail state (clamped)
+    valid: torch.Tensor  # [E, R] bool: position >= 0
+    dest: torch.Tensor  # [E] flat index into the paged cache viewed as [blocks * epb, dim]
+    rope_pos: torch.Tensor  # [E] position of the entry's first token
+    keep_rows: torch.Tensor  # [K] step rows to remember in the tail state
+    keep_dest: torch.Tensor  # [K] their flat index in the tail state
+
+
+@dataclass
+class ForwardBatch:
+    chunks: list[SeqChunk]
+    input_ids: torch.Tensor  # [T] int64
+    layout: SeqLayout
+    logits_rows: torch.Tensor  # [R] rows whose logits the step returns
+    rope: dict[str, tuple[torch.Tensor, torch.Tensor]]  # kind -> (cos, sin), each [T, rope/2]
+    decode_seqs: list[int]  # requests with a single row this step
+    prefill_seqs: list[int]
+    block_size: int
+    rope_tables: RopeTables
+    _plans: dict[tuple, object] = field(default_factory=dict)
+
+    @classmethod
+    def build(
+        cls, chunks: list[SeqChunk], rope: RopeTables, block_size: int, device: torch.device
+    ) -> ForwardBatch:
+        if not chunks:
+            raise ValueError("a forward batch needs at least one request")
+        ids: list[int] = []
+        offsets, lens, starts, positions, token_seq, rows = [], [], [], [], [], []
+        width = 1
+        for s, c in enumerate(chunks):
+            n = len(c.token_ids)
+            if n == 0:
+                raise ValueError("every request in a step needs at least one token")
+            if c.start < 0:
+                raise ValueError("chunk start must be >= 0")
+            need = -(-(c.start + n) // block_size)
+            if len(c.block_ids) < need:
+                raise ValueError(
+                    f"request {s} has {len(c.block_ids)} blocks, needs {need} for "
+                    f"{c.start + n} tokens"
+                )
+            width = max(width, len(c.block_ids))
+            offsets.append(len(ids))
+            lens.append(n)
+            starts.append(c.start)
+            if c.logits == "all":
+                rows.extend(range(len(ids), len(ids) + n))
+            elif c.logits == "last":
+                rows.append(len(ids) + n - 1)
+            elif c.logits != "none":
+                raise ValueError(f"SeqChunk.logits must be last, all or none, got {c.logits!r}")
+            ids.extend(c.token_ids)
+            positions.extend(range(c.start, c.start + n))
+            token_seq.extend([s] * n)
+        tables = torch.zeros(len(chunks), width, dtype=torch.long)
+        for s, c in enumerate(chunks):
+            tables[s, : len(c.block_ids)] = torch.tensor(c.block_ids, dtype=torch.long)
+
+        def lt(x: list[int]) -> torch.Tensor:
+            return torch.tensor(x, dtype=torch.long, device=device)
+
+        pos_t = lt(positions)
+        layout = SeqLayout(
+            offsets=offsets,
+            lens=lens,
+            starts=starts,
+            slots=lt([c.slot for c in chunks]),
+            block_tables=tables.to(device),
+            token_seq=lt(token_seq),
+            positions=pos_t,
+            starts_t=lt(starts),
+            offsets_t=lt(offsets),
+        )
+        return cls(
+            chunks=chunks,
+            input_ids=lt(ids),
+            layout=layout,
+            logits_rows=lt(rows),
+            rope={k: rope.cos_sin(pos_t, k) for k in ("main", "compress")},
+            decode_seqs=[s for s, n in enumerate(lens) if n == 1],
+            prefill_seqs=[s for s, n in enumerate(lens) if n > 1],
+            block_size=block_size,
+            rope_tables=rope,
+        )
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.input_ids.shape[0])
+
+    @property
+    def is_decode(self) -> bool:
+        return not self.prefill_seqs
+
+    def tail_rows(self, length: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Rows among each request's last `length` positions, and their index in a ring of
+        `length` slots per state slot (the only rows a ring of that size keeps)."""
+        key = ("tail", length)
+        if key not in self._plans:
+            lay = self.layout
+            ends = (lay.starts_t + torch.tensor(lay.lens, device=lay.starts_t.device))[
+                lay.token_seq
+            ]
+            keep = (lay.positions >= ends - length).nonzero().flatten()
+            dest = lay.slots[lay.token_seq[keep]] * length + lay.positions[keep] % length
+            self._plans[key] = (keep, dest)
+        return self._plans[key]  # type: ignore[return-value]
+
+    def compress_plan(self, ratio: int, overlap: bool) -> CompressPlan:
+        """Entries completed this step for a compressor of `ratio`, overlapping (CSA: each entry
+        pools 2 * ratio rows, the previous window's included) or not (HCA: ratio rows)."""
+        key = ("comp", ratio, overlap)
+        if key in self._plans:
+            return self._plans[key]  # type: ignore[return-value]
+        lay = self.layout
+        dev = lay.positions.device
+        state_len = 2 * ratio if overlap else ratio
+        n_rows = state_len
+        lens_t = torch.tensor(lay.lens, device=dev)
+        first = lay.starts_t // ratio
+        count = (lay.starts_t + lens_t) // ratio - first
+        e_total = int(count.sum())
+        entry_seq = torch.repeat_interleave(torch.arange(len(lay.lens), device=dev), count)
+        before = torch.cumsum(count, 0) - count
+        w = first[entry_seq] + torch.arange(e_total, device=dev) - before[entry_seq]
+        base = w * ratio - (ratio if overlap else 0)
+        pos = base[:, None] + torch.arange(n_rows, device=dev)[None]
+        start = lay.starts_t[entry_seq][:, None]
+        from_chunk = pos >= start
+        chunk_row = (lay.offsets_t[entry_seq][:, None] + pos - start).clamp(min=0)
+        chunk_row = chunk_row.clamp(max=max(self.num_tokens - 1, 0))
+        state_row = lay.slots[entry_seq][:, None] * state_len + torch.remainder(pos, state_len)
+        epb = self.block_size // ratio
+        blk = lay.block_tables[entry_seq, (w * ratio) // self.block_size]
+        keep, keep_dest = self.tail_rows(state_len)
+        plan = CompressPlan(
+            entry_seq=entry_seq,
+            from_chunk=from_chunk,
+            chunk_row=chunk_row,
+            state_row=state_row,
+            valid=pos >= 0,
+            dest=blk * epb + w % epb,
+            rope_pos=w * ratio,
+            keep_rows=keep,
+            keep_dest=keep_dest,
+        )
+        self._plans[key] = plan
+        return plan
+
+    def plan_rope(self, ratio: int, overlap: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        key = ("comp_rope", ratio, overlap)
+        if key not in self._plans:
+            pos = self.compress_plan(ratio, overlap).rope_pos
+            self._plans[key] = self.rope_tables.cos_sin(pos, "compress")
+        return self._plans[key]  # type: ignore[return-value]

@@ -1,0 +1,119 @@
+"""KV compressors (CSA / HCA) and the lightning indexer, writing into the serving caches.
+
+A compressor projects every token to a value row and a gate row; each window of `ratio` tokens
+pools into one entry: softmax over the window's gates (+ a learned per-offset bias), weighted sum
+of the values, RMSNorm, RoPE at the window's first position. CSA windows overlap: projections
+are twice as wide, and entry w pools the first half (Ca) of window w-1's rows together with the
+second half (Cb) of window w's rows (entry 0 has no previous window). HCA windows do not
+overlap. Rows of a window that is not complete yet wait in the request's tail state.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from deepring.cache.pool import LayerCache
+from deepring.kernels.indexer import indexer_topk
+from deepring.kernels.rope import apply_rope
+from deepring.model.batch import ForwardBatch
+from deepring.model.config import ModelConfig
+from deepring.model.norm import RMSNorm, linear
+
+
+def compress_into(
+    batch: ForwardBatch,
+    kv: torch.Tensor,
+    gate: torch.Tensor,
+    tail_kv: torch.Tensor,
+    tail_gate: torch.Tensor,
+    position_bias: torch.Tensor,
+    norm: RMSNorm,
+    out_cache: torch.Tensor,
+    ratio: int,
+    overlap: bool,
+) -> None:
+    """Pool the windows this step completes into `out_cache`, then update the tail state."""
+    plan = batch.compress_plan(ratio, overlap)
+    width = kv.shape[1]
+    flat_kv = tail_kv.view(-1, width)
+    flat_gate = tail_gate.view(-1, width)
+    if plan.entry_seq.numel():
+        fc = plan.from_chunk[..., None]
+        rows_kv = torch.where(fc, kv[plan.chunk_row], flat_kv[plan.state_row])
+        rows_gate = torch.where(fc, gate[plan.chunk_row], flat_gate[plan.state_row])
+        if overlap:
+            hd = width // 2
+            rows_kv = torch.cat([rows_kv[:, :ratio, :hd], rows_kv[:, ratio:, hd:]], 1)
+            g = rows_gate.float()
+            rows_gate = torch.cat(
+                [
+                    g[:, :ratio, :hd] + position_bias[:, :hd],
+                    g[:, ratio:, hd:] + position_bias[:, hd:],
+                ],
+                1,
+            )
+        else:
+            rows_gate = rows_gate.float() + position_bias
+        rows_gate = rows_gate.masked_fill(~plan.valid[..., None], float("-inf"))
+        weights = torch.softmax(rows_gate, dim=1).to(rows_kv.dtype)
+        pooled = norm((rows_kv * weights).sum(1))
+        cos, sin = batch.plan_rope(ratio, overlap)
+        pooled = apply_rope(pooled, cos, sin)
+        out_cache.view(-1, out_cache.shape[-1])[plan.dest] = pooled.to(out_cache.dtype)
+    flat_kv[plan.keep_dest] = kv[plan.keep_rows].to(flat_kv.dtype)
+    flat_gate[plan.keep_dest] = gate[plan.keep_rows].to(flat_gate.dtype)
+
+
+class Indexer(nn.Module):
+    """Scores compressed entries for each query and keeps the top `index_topk` (CSA only)."""
+
+    def __init__(self, config: ModelConfig, ratio: int) -> None:
+        super().__init__()
+        d, self.hd, self.heads = config.hidden_size, config.index_head_dim, config.index_n_heads
+        self.ratio, self.topk = ratio, config.index_topk
+        self.kv_proj = linear(d, 2 * self.hd)
+        self.gate_proj = linear(d, 2 * self.hd)
+        self.position_bias = nn.Parameter(torch.zeros(ratio, 2 * self.hd, dtype=torch.float32))
+        self.kv_norm = RMSNorm(self.hd, config.rms_norm_eps)
+        self.q_b_proj = linear(config.q_lora_rank, self.heads * self.hd)
+        self.scorer = nn.Module()
+        self.scorer.weights_proj = linear(d, self.heads)
+
+    def forward(
+        self, x: torch.Tensor, q_lora: torch.Tensor, batch: ForwardBatch, cache: LayerCache
+    ) -> torch.Tensor:
+        compress_into(
+            batch, self.kv_proj(x), self.gate_proj(x), cache.index_tail_kv,
+            cache.index_tail_gate, self.position_bias, self.kv_norm, cache.index, self.ratio,
+            overlap=True,
+        )  # fmt: skip
+        cos, sin = batch.rope["compress"]
+        q = apply_rope(self.q_b_proj(q_lora).view(-1, self.heads, self.hd), cos, sin)
+        w = self.scorer.weights_proj(x).float() * self.heads**-0.5
+        return indexer_topk(q, w, cache.index, batch.layout, self.ratio, self.topk, self.hd**-0.5)
+
+
+class Compressor(nn.Module):
+    def __init__(self, config: ModelConfig, ratio: int, overlap: bool) -> None:
+        super().__init__()
+        d, hd = config.hidden_size, config.head_dim
+        width = 2 * hd if overlap else hd
+        self.ratio, self.overlap = ratio, overlap
+        self.kv_proj = linear(d, width)
+        self.gate_proj = linear(d, width)
+        self.position_bias = nn.Parameter(torch.zeros(ratio, width, dtype=torch.float32))
+        self.kv_norm = RMSNorm(hd, config.rms_norm_eps)
+        self.indexer = Indexer(config, ratio) if overlap else None
+
+    def forward(
+        self, x: torch.Tensor, q_lora: torch.Tensor, batch: ForwardBatch, cache: LayerCache
+    ) -> torch.Tensor | None:
+        """Update the caches; return the CSA top-k entry ids per row (None for HCA)."""
+        compress_into(
+            batch, self.kv_proj(x), self.gate_proj(x), cache.tail_kv, cache.tail_gate,
+            self.position_bias, self.kv_norm, cache.comp, self.ratio, self.overlap,
+        )  # fmt: skip
+        if self.indexer is None:
+            return None
+        return self.indexer(x, q_lora, batch, cache)

@@ -1,0 +1,70 @@
+"""Manifold-constrained hyper-connections (mHC): hc_mult residual streams per token.
+
+Before each sublayer the streams are RMS-normalised together and projected to three mixes:
+`pre` (how the streams collapse into the sublayer input), `post` (how the sublayer output is
+spread back) and `comb` (how streams feed each other), the last made doubly stochastic by
+Sinkhorn-Knopp iterations. Everything here runs in fp32.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+def _flat_rms(h: torch.Tensor, eps: float) -> torch.Tensor:
+    flat = h.reshape(h.shape[0], -1).float()
+    return flat * torch.rsqrt(flat.square().mean(-1, keepdim=True) + eps)
+
+
+class HyperConnection(nn.Module):
+    def __init__(self, hc_mult: int, hidden: int, iters: int, hc_eps: float, norm_eps: float):
+        super().__init__()
+        self.hc, self.iters, self.hc_eps, self.norm_eps = hc_mult, iters, hc_eps, norm_eps
+        n = (2 + hc_mult) * hc_mult
+        self.fn = nn.Parameter(torch.zeros(n, hc_mult * hidden, dtype=torch.float32))
+        self.base = nn.Parameter(torch.zeros(n, dtype=torch.float32))
+        self.scale = nn.Parameter(torch.ones(3, dtype=torch.float32))
+
+    def forward(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """h: [T, hc, D]. Returns post [T, hc], comb [T, hc, hc] (comb[j, k]: stream j into
+        stream k) and the collapsed sublayer input [T, D] in h's dtype."""
+        hc, eps = self.hc, self.hc_eps
+        mix = F.linear(_flat_rms(h, self.norm_eps), self.fn)
+        base, scale = self.base, self.scale
+        pre = torch.sigmoid(mix[:, :hc] * scale[0] + base[:hc]) + eps
+        post = 2 * torch.sigmoid(mix[:, hc : 2 * hc] * scale[1] + base[hc : 2 * hc])
+        logits = mix[:, 2 * hc :].view(-1, hc, hc) * scale[2] + base[2 * hc :].view(hc, hc)
+        comb = torch.softmax(logits, -1) + eps
+        comb = comb / (comb.sum(-2, keepdim=True) + eps)
+        for _ in range(self.iters - 1):
+            comb = comb / (comb.sum(-1, keepdim=True) + eps)
+            comb = comb / (comb.sum(-2, keepdim=True) + eps)
+        collapsed = (pre.unsqueeze(-1) * h).sum(1).to(h.dtype)
+        return post, comb, collapsed
+
+    @staticmethod
+    def merge(
+        h: torch.Tensor, out: torch.Tensor, post: torch.Tensor, comb: torch.Tensor
+    ) -> torch.Tensor:
+        """New streams: stream k = post_k * out + sum_j comb[j, k] * h_j."""
+        dt = h.dtype
+        mixed = torch.bmm(comb.to(dt).transpose(1, 2), h)
+        return post.to(dt).unsqueeze(-1) * out.unsqueeze(1) + mixed
+
+
+class HyperHead(nn.Module):
+    """The final collapse of the streams before the output norm."""
+
+    def __init__(self, hc_mult: int, hidden: int, hc_eps: float, norm_eps: float):
+        super().__init__()
+        self.hc_eps, self.norm_eps = hc_eps, norm_eps
+        self.hc_fn = nn.Parameter(torch.zeros(hc_mult, hc_mult * hidden, dtype=torch.float32))
+        self.hc_base = nn.Parameter(torch.zeros(hc_mult, dtype=torch.float32))
+        self.hc_scale = nn.Parameter(torch.ones(1, dtype=torch.float32))
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        mix = F.linear(_flat_rms(h, self.norm_eps), self.hc_fn)
+        pre = torch.sigmoid(mix * self.hc_scale + self.hc_base) + self.hc_eps
+        return (pre.unsqueeze(-1) * h).sum(1).to(h.dtype)

@@ -1,0 +1,84 @@
+"""Build a DeepseekV4 from a checkpoint directory, the embedded `tiny` model, or dummy weights."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from deepring.model.config import ModelConfig
+from deepring.model.dummy import init_dummy_weights
+from deepring.model.model import DeepseekV4
+from deepring.model.weights import cast_for_inference, load_checkpoint
+
+LOAD_FORMATS = ("auto", "dummy")
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass
+class LoadedModel:
+    model: DeepseekV4
+    config: ModelConfig
+    path: Path | None  # checkpoint directory (None for dummy weights without a directory)
+
+
+def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torch.dtype:
+    """Default: fp32 on CPU (bf16 matmuls are not reliably faster there), bf16 on GPUs."""
+    if dtype is None or dtype == "auto":
+        return torch.float32 if device.type == "cpu" else torch.bfloat16
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype not in _DTYPES:
+        raise ValueError(f"dtype must be one of {sorted(_DTYPES)} or 'auto', got {dtype!r}")
+    return _DTYPES[dtype]
+
+
+def resolve_model_path(model: str | Path) -> Path:
+    if str(model) == "tiny":
+        from deepring.model.tiny import tiny_model_dir
+
+        return tiny_model_dir()
+    p = Path(model).expanduser()
+    if not (p / "config.json").is_file():
+        raise ValueError(f"model {str(model)!r} is neither 'tiny' nor a directory with config.json")
+    return p
+
+
+def load_model(
+    model: str | Path | ModelConfig = "tiny",
+    *,
+    dtype: str | torch.dtype | None = None,
+    device: str | torch.device = "cpu",
+    load_format: str = "auto",
+    seed: int = 0,
+    progress: bool = True,
+) -> LoadedModel:
+    if load_format not in LOAD_FORMATS:
+        raise ValueError(f"load_format must be one of {LOAD_FORMATS}, got {load_format!r}")
+    device = torch.device(device)
+    path = None
+    if isinstance(model, ModelConfig):
+        if load_format != "dummy":
+            raise ValueError("a bare ModelConfig has no weights: use load_format='dummy'")
+        config = model
+    else:
+        path = resolve_model_path(model)
+        config = ModelConfig.from_pretrained(path)
+    with torch.device("meta"):
+        net = DeepseekV4(config)
+    net.to_empty(device="cpu")
+    if load_format == "dummy":
+        init_dummy_weights(net, seed)
+    else:
+        if not load_checkpoint(net, path, progress=progress) and config.num_nextn_predict_layers:
+            config = dataclasses.replace(config, num_nextn_predict_layers=0, mtp_layer_types=())
+            net.config = config
+            net.mtp = nn.ModuleList()
+    cast_for_inference(net, resolve_dtype(dtype, device))
+    net.to(device)
+    net.eval()
+    net.requires_grad_(False)
+    return LoadedModel(model=net, config=config, path=path)

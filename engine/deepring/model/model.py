@@ -1,0 +1,82 @@
+"""The DeepSeek V4 causal LM over serving caches.
+
+Parameter names follow transformers' `DeepseekV4ForCausalLM` (`model.layers.N.self_attn...`,
+`lm_head.weight`), so a `save_pretrained` checkpoint loads as it is; MTP layers live under
+`mtp.N.` (transformers skips those keys).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from deepring.cache.pool import KVCachePool
+from deepring.model.batch import ForwardBatch
+from deepring.model.config import ModelConfig
+from deepring.model.hc import HyperHead
+from deepring.model.layer import DecoderLayer
+from deepring.model.mtp import MTPLayer
+from deepring.model.norm import RMSNorm, linear
+from deepring.model.rope import RopeTables
+
+
+class Backbone(nn.Module):
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(
+            DecoderLayer(config, lt, mt)
+            for lt, mt in zip(config.layer_types, config.mlp_layer_types, strict=True)
+        )
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.hc_head = HyperHead(
+            config.hc_mult, config.hidden_size, config.hc_eps, config.rms_norm_eps
+        )
+
+
+@dataclass
+class StepOutput:
+    logits: torch.Tensor  # [R, vocab] fp32, rows = batch.logits_rows
+    hidden: torch.Tensor | None = None  # [T, hc, D] final streams (for MTP), when requested
+
+
+class DeepseekV4(nn.Module):
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.model = Backbone(config)
+        self.lm_head = linear(config.hidden_size, config.vocab_size)
+        self.mtp = nn.ModuleList(MTPLayer(config, lt) for lt in config.mtp_layer_types)
+        self._rope: RopeTables | None = None
+
+    def rope_tables(self) -> RopeTables:
+        dev = self.lm_head.weight.device
+        if self._rope is None or self._rope.main.device != dev:
+            self._rope = RopeTables(self.config, dev)
+        return self._rope
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.lm_head.weight.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.lm_head.weight.device
+
+    def logits(self, h: torch.Tensor) -> torch.Tensor:
+        y = self.model.norm(self.model.hc_head(h))
+        return self.lm_head(y).float()
+
+    @torch.inference_mode()
+    def forward(
+        self, batch: ForwardBatch, pool: KVCachePool, return_hidden: bool = False
+    ) -> StepOutput:
+        ids = batch.input_ids
+        x = self.model.embed_tokens(ids)
+        h = x.unsqueeze(1).expand(-1, self.config.hc_mult, -1).contiguous()
+        for layer, cache in zip(self.model.layers, pool.layers, strict=False):
+            h = layer(h, ids, batch, cache)
+        logits = self.logits(h[batch.logits_rows])
+        return StepOutput(logits=logits, hidden=h if return_hidden else None)

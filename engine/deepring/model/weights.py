@@ -1,0 +1,217 @@
+"""Safetensors checkpoints: name mapping, full-coverage validation, dtype policy, saving.
+
+Checkpoints in transformers' layout (what `DeepseekV4ForCausalLM.save_pretrained` writes) load
+as they are. The original DeepSeek layout (`layers.N.attn.wq_a.weight`, `embed.weight`,
+per-expert `experts.E.w1/w2/w3`) is renamed the way transformers' conversion mapping does, for
+unquantised tensors; FP8/FP4 checkpoints (tensors with `.scale` companions) are rejected with a
+clear error. Every parameter and persistent buffer must be present exactly once with the right
+shape; a missing or misshapen tensor is an error naming it. MTP tensors (`mtp.N.*`) are optional
+as a group: transformers' save_pretrained drops them, so a checkpoint without any loads with MTP
+disabled, but a partial set is an error.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+from torch import nn
+
+# Module paths whose tensors stay fp32 whatever the compute dtype (as transformers keeps them).
+_FP32_PARTS = ("attn_hc", "ffn_hc", "hc_head")
+_FP32_LEAVES = ("sinks", "position_bias", "e_score_correction_bias")
+
+_RENAMES = [
+    (r"\.attn\.", ".self_attn."),
+    (r"\.ffn\.", ".mlp."),
+    (r"\.indexer\.compressor\.", ".compressor.indexer."),
+    (r"^embed\.weight", "model.embed_tokens.weight"),
+    (r"^head\.weight", "lm_head.weight"),
+    (r"^norm\.weight", "model.norm.weight"),
+    (r"^hc_head_fn", "model.hc_head.hc_fn"),
+    (r"^hc_head_base", "model.hc_head.hc_base"),
+    (r"^hc_head_scale", "model.hc_head.hc_scale"),
+    (r"\.hc_head_fn", ".hc_head.hc_fn"),
+    (r"\.hc_head_base", ".hc_head.hc_base"),
+    (r"\.hc_head_scale", ".hc_head.hc_scale"),
+    (r"\.attn_norm\.", ".input_layernorm."),
+    (r"\.ffn_norm\.", ".post_attention_layernorm."),
+    (r"\.hc_attn_fn", ".attn_hc.fn"),
+    (r"\.hc_attn_base", ".attn_hc.base"),
+    (r"\.hc_attn_scale", ".attn_hc.scale"),
+    (r"\.hc_ffn_fn", ".ffn_hc.fn"),
+    (r"\.hc_ffn_base", ".ffn_hc.base"),
+    (r"\.hc_ffn_scale", ".ffn_hc.scale"),
+    (r"\.attn_sink", ".sinks"),
+    (r"\.indexer\.weights_proj\.", ".compressor.indexer.scorer.weights_proj."),
+    (r"\.indexer\.wq_b\.", ".compressor.indexer.q_b_proj."),
+    (r"(self_attn|compressor|indexer)\.norm\.", r"\1.kv_norm."),
+    (r"\.ape$", ".position_bias"),
+    (r"\.wq_a\.", ".q_a_proj."),
+    (r"\.self_attn\.wq_b\.", ".self_attn.q_b_proj."),
+    (r"\.wkv\.", ".kv_proj."),
+    (r"\.wgate\.", ".gate_proj."),
+    (r"\.wo_a\.", ".o_a_proj."),
+    (r"\.wo_b\.", ".o_b_proj."),
+    (r"\.q_norm\.", ".q_a_norm."),
+    (r"\.gate\.bias$", ".gate.e_score_correction_bias"),
+    (r"\.shared_experts\.w1\.", ".shared_experts.gate_proj."),
+    (r"\.shared_experts\.w2\.", ".shared_experts.down_proj."),
+    (r"\.shared_experts\.w3\.", ".shared_experts.up_proj."),
+]
+_ORIGINAL_LAYER = re.compile(r"^layers\.\d+\.")
+_EXPERT = re.compile(r"^(.*\.experts)\.(\d+)\.(w[123])\.weight$")
+
+
+def keep_fp32(name: str) -> bool:
+    parts = name.split(".")
+    if any(p in _FP32_PARTS for p in parts) or parts[-1] in _FP32_LEAVES:
+        return True
+    return len(parts) >= 2 and parts[-1] == "weight" and parts[-2].endswith("norm")
+
+
+def cast_for_inference(model: nn.Module, dtype: torch.dtype) -> None:
+    """Cast floating tensors to `dtype`, except those transformers keeps in fp32."""
+    for name, p in model.named_parameters():
+        target = torch.float32 if keep_fp32(name) else dtype
+        if p.dtype != target:
+            p.data = p.data.to(target)
+
+
+def canonical_name(name: str) -> str:
+    """Map a checkpoint tensor name onto this engine's (= transformers') names."""
+    if _ORIGINAL_LAYER.match(name):
+        name = "model." + name
+    if name.startswith(("model.", "lm_head.")) and ".attn." not in name and ".ffn." not in name:
+        return name
+    for pat, rep in _RENAMES:
+        name = re.sub(pat, rep, name)
+    return name
+
+
+def checkpoint_files(path: Path) -> list[Path]:
+    index = path / "model.safetensors.index.json"
+    if index.is_file():
+        weight_map = json.loads(index.read_text(encoding="utf-8")).get("weight_map", {})
+        files = sorted({path / f for f in weight_map.values()})
+        missing = [str(f) for f in files if not f.is_file()]
+        if missing:
+            raise ValueError(f"checkpoint shards listed in {index} are missing: {missing}")
+        return files
+    files = sorted(path.glob("*.safetensors"))
+    if not files:
+        raise ValueError(f"no .safetensors files in {path}")
+    return files
+
+
+def _iter_tensors(files: list[Path], progress: bool) -> Iterator[tuple[str, torch.Tensor]]:
+    total = 0
+    t0 = time.monotonic()
+    for i, f in enumerate(files):
+        with safe_open(str(f), framework="pt") as fh:
+            for key in fh.keys():  # noqa: SIM118 (safe_open is not a mapping)
+                t = fh.get_tensor(key)
+                total += t.numel() * t.element_size()
+                yield key, t
+        if progress:
+            print(
+                f"\rloading weights: {i + 1}/{len(files)} files, {total / 2**20:.0f} MiB, "
+                f"{time.monotonic() - t0:.1f}s",
+                end="" if i + 1 < len(files) else "\n",
+                file=sys.stderr,
+                flush=True,
+            )
+
+
+def load_checkpoint(model: nn.Module, path: str | Path, progress: bool = True) -> bool:
+    """Fill `model` from the safetensors checkpoint at `path`.
+
+    Returns whether MTP weights were present (the caller drops the MTP layers otherwise).
+    """
+    path = Path(path)
+    targets = dict(model.named_parameters())
+    targets.update({n: b for n, b in model.named_buffers() if not n.endswith("inv_freq")})
+    seen: set[str] = set()
+    experts: dict[str, dict[int, dict[str, torch.Tensor]]] = {}
+    unexpected: list[str] = []
+    for key, tensor in _iter_tensors(checkpoint_files(path), progress):
+        if key.endswith((".scale", ".scale_inv")) and tensor.dtype != torch.float32:
+            raise ValueError(
+                f"quantised checkpoint tensor {key!r}: FP8/FP4 checkpoints are not supported yet; "
+                "load a bf16/fp32 export"
+            )
+        name = canonical_name(key)
+        m = _EXPERT.match(name)
+        if m:  # per-expert original layout: stacked into gate_up_proj / down_proj below
+            experts.setdefault(m.group(1), {}).setdefault(int(m.group(2)), {})[m.group(3)] = tensor
+            continue
+        if name not in targets:
+            unexpected.append(key)
+            continue
+        _assign(targets[name], tensor, name, seen)
+    for prefix, per_expert in experts.items():
+        n = len(per_expert)
+        missing = [e for e in range(n) if set(per_expert.get(e, {})) != {"w1", "w2", "w3"}]
+        if missing:
+            raise ValueError(f"{prefix}: experts {missing[:8]} lack some of w1/w2/w3")
+        gate_up = torch.stack(
+            [torch.cat([per_expert[e]["w1"], per_expert[e]["w3"]], 0) for e in range(n)]
+        )
+        down = torch.stack([per_expert[e]["w2"] for e in range(n)])
+        for leaf, t in (("gate_up_proj", gate_up), ("down_proj", down)):
+            name = f"{prefix}.{leaf}"
+            if name not in targets:
+                unexpected.append(name)
+                continue
+            _assign(targets[name], t, name, seen)
+    mtp_names = {n for n in targets if n.startswith("mtp.")}
+    has_mtp = bool(seen & mtp_names)
+    missing = sorted(set(targets) - seen - (set() if has_mtp else mtp_names))
+    if missing:
+        raise ValueError(f"checkpoint at {path} lacks {len(missing)} tensors, e.g. {missing[:5]}")
+    foreign = [k for k in unexpected if not canonical_name(k).startswith("mtp.")]
+    if foreign:
+        raise ValueError(f"checkpoint at {path} has unexpected tensors, e.g. {foreign[:5]}")
+    return has_mtp
+
+
+def _assign(target: torch.Tensor, tensor: torch.Tensor, name: str, seen: set[str]) -> None:
+    if name in seen:
+        raise ValueError(f"tensor {name!r} appears twice in the checkpoint")
+    if tuple(tensor.shape) != tuple(target.shape):
+        raise ValueError(
+            f"tensor {name!r} has shape {tuple(tensor.shape)}, the config implies "
+            f"{tuple(target.shape)}"
+        )
+    if target.is_floating_point() != tensor.is_floating_point():
+        raise ValueError(f"tensor {name!r} has dtype {tensor.dtype}, expected like {target.dtype}")
+    with torch.no_grad():
+        target.copy_(tensor.to(target.dtype))
+    seen.add(name)
+
+
+def save_checkpoint(
+    model: nn.Module, path: str | Path, config_dict: dict, dtype: torch.dtype | None = None
+) -> None:
+    """Write config.json + model.safetensors (tensors in `dtype`, fp32-kept ones in fp32)."""
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    tensors = {}
+    for name, t in list(model.named_parameters()) + list(model.named_buffers()):
+        if name.endswith("inv_freq"):
+            continue
+        t = t.detach()
+        if dtype is not None and t.is_floating_point():
+            t = t.to(torch.float32 if keep_fp32(name) else dtype)
+        tensors[name] = t.contiguous().cpu()
+    tmp = path / "model.safetensors.tmp"
+    save_file(tensors, str(tmp), metadata={"format": "pt"})
+    tmp.replace(path / "model.safetensors")
+    (path / "config.json").write_text(json.dumps(config_dict, indent=2), encoding="utf-8")
