@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 import deepring_recipe
 
@@ -23,6 +24,89 @@ def _serve(args: argparse.Namespace) -> int:
         f"landed yet; nothing to serve for model {args.model!r}. Exiting."
     )
     return 0
+
+
+def _generate(args: argparse.Namespace) -> int:
+    import json
+
+    from deepring import LLM, SamplingParams
+
+    prompts: list = []
+    for kind, value in args.items or []:  # in command-line order
+        if kind == "text":
+            prompts.append(value)
+        elif kind == "ids":
+            try:
+                prompts.append([int(t) for t in value.replace(",", " ").split()])
+            except ValueError:
+                print(f"--ids takes comma-separated integers, got {value!r}", file=sys.stderr)
+                return 2
+        else:
+            text = Path(value[1:]).read_text(encoding="utf-8") if value.startswith("@") else value
+            try:
+                prompts.append(json.loads(text))
+            except json.JSONDecodeError as e:
+                print(f"--chat takes a JSON request body (or @file): {e}", file=sys.stderr)
+                return 2
+    if not prompts:
+        prompts = [line.rstrip("\n") for line in sys.stdin if line.strip()]
+    if not prompts:
+        print("no prompts: pass --prompt, --ids or --chat, or lines on stdin", file=sys.stderr)
+        return 2
+    try:
+        params = SamplingParams(
+            temperature=args.temperature,
+            top_p=args.top_p,
+            top_k=args.top_k,
+            seed=args.seed,
+            max_tokens=args.max_tokens,
+            ignore_eos=args.ignore_eos,
+        )
+        llm = LLM(args.model, device=args.device, dtype=args.dtype, load_format=args.load_format)
+        outputs = llm.generate(prompts, params)
+    except ValueError as e:
+        print(f"deepring generate: {e}", file=sys.stderr)
+        return 2
+    for out in outputs:
+        if args.json:
+            print(
+                json.dumps(
+                    {
+                        "prompt_token_ids": out.prompt_token_ids,
+                        "token_ids": out.token_ids,
+                        "text": out.text,
+                        "finish_reason": out.finish_reason,
+                    },
+                    ensure_ascii=False,
+                )
+            )
+        else:
+            print(out.text if out.text is not None else " ".join(map(str, out.token_ids)))
+    return 0
+
+
+def _add_generate(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("generate", help="offline generation from the command line")
+    p.add_argument("--model", default="tiny", help="model path or 'tiny' (embedded default)")
+    for flags, kind, text in [
+        (("-p", "--prompt"), "text", "a text prompt (repeatable)"),
+        (("--ids",), "ids", "a prompt as comma-separated token ids (repeatable)"),
+        (("--chat",), "chat", "a Chat Completions body, JSON or @file (repeatable)"),
+    ]:
+        p.add_argument(
+            *flags, dest="items", action="append", help=text, type=lambda v, k=kind: (k, v)
+        )
+    p.add_argument("--max-tokens", type=int, default=32)
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--top-k", type=int, default=-1)
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--ignore-eos", action="store_true")
+    p.add_argument("--device", default=None, help="cpu | cuda (default: cuda when available)")
+    p.add_argument("--dtype", default=None, help="float32 | bfloat16 | float16 (default: auto)")
+    p.add_argument("--load-format", default="auto", choices=["auto", "dummy"])
+    p.add_argument("--json", action="store_true", help="one JSON object per prompt")
+    p.set_defaults(func=_generate)
 
 
 def _unimplemented(args: argparse.Namespace) -> int:
@@ -45,11 +129,12 @@ def build_parser() -> argparse.ArgumentParser:
         ("frontend", "the HTTP frontend role alone"),
         ("prefill", "one prefill worker"),
         ("decode", "one decode worker"),
-        ("generate", "offline generation from the command line"),
-        ("bench", "benchmarks"),
     ]:
         p = sub.add_parser(name, help=text)
         p.set_defaults(func=_unimplemented)
+    _add_generate(sub)
+    p = sub.add_parser("bench", help="benchmarks")
+    p.set_defaults(func=_unimplemented)
     return parser
 
 

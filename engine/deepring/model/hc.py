@@ -14,7 +14,7 @@ from torch import nn
 
 
 def _flat_rms(h: torch.Tensor, eps: float) -> torch.Tensor:
-    flat = h.reshape(h.shape[0], -1).float()
+    flat = h.reshape(h.shape[0], h.shape[1] * h.shape[2]).float()
     return flat * torch.rsqrt(flat.square().mean(-1, keepdim=True) + eps)
 
 

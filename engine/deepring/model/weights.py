@@ -1,13 +1,14 @@
 """Safetensors checkpoints: name mapping, full-coverage validation, dtype policy, saving.
 
-Checkpoints in transformers' layout (what `DeepseekV4ForCausalLM.save_pretrained` writes) load
-as they are. The original DeepSeek layout (`layers.N.attn.wq_a.weight`, `embed.weight`,
-per-expert `experts.E.w1/w2/w3`) is renamed the way transformers' conversion mapping does, for
-unquantised tensors; FP8/FP4 checkpoints (tensors with `.scale` companions) are rejected with a
-clear error. Every parameter and persistent buffer must be present exactly once with the right
-shape; a missing or misshapen tensor is an error naming it. MTP tensors (`mtp.N.*`) are optional
-as a group: transformers' save_pretrained drops them, so a checkpoint without any loads with MTP
-disabled, but a partial set is an error.
+Checkpoints written by transformers (`DeepseekV4ForCausalLM.save_pretrained`, which in 5.x
+writes the original tensor names under a `model.` prefix) and checkpoints in transformers'
+in-memory naming load as they are. The original DeepSeek layout (`layers.N.attn.wq_a.weight`,
+`embed.weight`, per-expert `experts.E.w1/w2/w3`) is renamed the way transformers' conversion
+mapping does, for unquantised tensors; FP8/FP4 checkpoints (tensors with `.scale`
+companions) are rejected with a clear error. Every parameter and persistent buffer must be
+present exactly once with the right shape; a missing or misshapen tensor is an error naming
+it. MTP tensors (`mtp.N.*`) are optional as a group: transformers' save_pretrained drops them,
+so a checkpoint without any loads with MTP disabled, but a partial set is an error.
 """
 
 from __future__ import annotations
@@ -89,8 +90,8 @@ def canonical_name(name: str) -> str:
     """Map a checkpoint tensor name onto this engine's (= transformers') names."""
     if _ORIGINAL_LAYER.match(name):
         name = "model." + name
-    if name.startswith(("model.", "lm_head.")) and ".attn." not in name and ".ffn." not in name:
-        return name
+    # The renames leave transformers-native names alone, so they apply to every layout
+    # (transformers 5 itself saves a mix: `model.layers.N.attn.wq_a.weight`, `head.weight`).
     for pat, rep in _RENAMES:
         name = re.sub(pat, rep, name)
     return name

@@ -1,0 +1,175 @@
+"""Offline generation: `LLM(model=...).generate(prompts, SamplingParams(...))`.
+
+Prompts may be token ids, text (tokenised with the model's tokenizer, BOS prepended), or chat
+request bodies (OpenAI Chat Completions JSON, rendered through deepring_recipe). All prompts are
+queued at once and served with continuous batching: as requests finish, waiting ones join the
+running batch.
+"""
+
+from __future__ import annotations
+
+import itertools
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from deepring import env
+from deepring.cache.pool import CacheConfig
+from deepring.model.loader import load_model
+from deepring.sampling.params import SamplingParams
+from deepring.sampling.sampler import splitmix64
+from deepring.worker.engine import EngineCore
+from deepring.worker.runner import cpu_setup
+from deepring.worker.scheduler import SchedulerConfig
+
+Prompt = str | list[int] | dict[str, Any]
+
+
+@dataclass
+class RequestOutput:
+    request_id: str
+    prompt_token_ids: list[int]
+    token_ids: list[int]
+    text: str | None  # None when the model has no tokenizer
+    finish_reason: str  # "stop" | "length"
+
+
+class LLM:
+    def __init__(
+        self,
+        model: str | Path = "tiny",
+        *,
+        tokenizer: str | Path | None = None,
+        dtype: str | torch.dtype | None = None,
+        device: str | torch.device | None = None,
+        load_format: str = "auto",
+        seed: int = 0,
+        max_model_len: int = 4096,
+        max_num_seqs: int = 64,
+        max_num_batched_tokens: int = 2048,
+        num_blocks: int | None = None,
+        block_size: int = 128,
+        progress: bool = False,
+    ) -> None:
+        device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        if device.type == "cpu":
+            cpu_setup(env.cpu_threads())
+        loaded = load_model(
+            model, dtype=dtype, device=device, load_format=load_format, seed=seed, progress=progress
+        )
+        self.model = loaded.model
+        self.config = loaded.config
+        if max_model_len < 2:
+            raise ValueError("max_model_len must be >= 2")
+        blocks_per_seq = -(-max_model_len // block_size)
+        cache = CacheConfig(
+            num_blocks=num_blocks or max_num_seqs * blocks_per_seq + 1,
+            num_slots=max_num_seqs,
+            block_size=block_size,
+        )
+        self.engine = EngineCore(
+            self.model,
+            cache,
+            SchedulerConfig(
+                max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens
+            ),
+            max_model_len=max_model_len,
+            eos_token_ids=self.config.eos_token_ids,
+        )
+        self.tokenizer = None
+        tok_path = Path(tokenizer) if tokenizer is not None else loaded.path
+        if tok_path is not None:
+            tok_file = tok_path / "tokenizer.json" if tok_path.is_dir() else tok_path
+            if tok_file.is_file():
+                from deepring.tokenizer import load_tokenizer
+
+                self.tokenizer = load_tokenizer(tok_file)
+            elif tokenizer is not None:
+                raise ValueError(f"no tokenizer.json at {tok_file}")
+        self._seed = seed
+        self._counter = itertools.count()
+
+    # ---- prompts -------------------------------------------------------------------------------
+
+    def encode(self, prompt: Prompt) -> list[int]:
+        if isinstance(prompt, dict):
+            from deepring.chat import encode_chat_request
+
+            return encode_chat_request(prompt, self._require_tokenizer())
+        if isinstance(prompt, str):
+            ids = self._require_tokenizer().encode(prompt)
+            bos = self.config.bos_token_id
+            return ([bos] if bos is not None else []) + ids
+        if isinstance(prompt, (list, tuple)) and all(
+            isinstance(t, int) and not isinstance(t, bool) for t in prompt
+        ):
+            return list(prompt)
+        raise ValueError(
+            f"a prompt is text, a list of token ids or a chat request body, got {prompt!r:.80}"
+        )
+
+    def _require_tokenizer(self):
+        if self.tokenizer is None:
+            raise ValueError("this model has no tokenizer: pass token ids, or LLM(tokenizer=...)")
+        return self.tokenizer
+
+    # ---- generation ----------------------------------------------------------------------------
+
+    def generate(
+        self,
+        prompts: Prompt | Sequence[Prompt],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        *,
+        use_tqdm: bool = False,
+    ) -> list[RequestOutput]:
+        if isinstance(prompts, (str, dict)) or (
+            isinstance(prompts, (list, tuple))
+            and prompts
+            and all(isinstance(t, int) for t in prompts)
+        ):
+            prompts = [prompts]  # type: ignore[list-item]
+        prompts = list(prompts)  # type: ignore[arg-type]
+        if sampling_params is None:
+            sampling_params = SamplingParams()
+        params = (
+            [sampling_params] * len(prompts)
+            if isinstance(sampling_params, SamplingParams)
+            else list(sampling_params)
+        )
+        if len(params) != len(prompts):
+            raise ValueError(f"{len(params)} sampling params for {len(prompts)} prompts")
+        encoded = [self.encode(p) for p in prompts]
+        order = []
+        for ids, p in zip(encoded, params, strict=True):
+            n = next(self._counter)
+            seed = p.seed if p.seed is not None else splitmix64(self._seed * 1_000_003 + n)
+            order.append(self.engine.add_request(f"req-{n}", ids, p, seed))
+        t0 = time.monotonic()
+        done = 0
+        while self.engine.has_unfinished:
+            for r in self.engine.step():
+                done += r.finished
+            if use_tqdm:
+                print(
+                    f"\rgenerate: {done}/{len(order)} done, {time.monotonic() - t0:.1f}s",
+                    end="",
+                    file=sys.stderr,
+                    flush=True,
+                )
+        if use_tqdm:
+            print(file=sys.stderr)
+        return [
+            RequestOutput(
+                request_id=r.rid,
+                prompt_token_ids=r.prompt_ids,
+                token_ids=r.output_ids,
+                text=self.tokenizer.decode(r.output_ids) if self.tokenizer is not None else None,
+                finish_reason=r.finish_reason or "abort",
+            )
+            for r in order
+        ]

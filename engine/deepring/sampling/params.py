@@ -1,0 +1,45 @@
+"""Per-request sampling parameters."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How to pick tokens and when to stop.
+
+    temperature: 0 means greedy. top_k <= 0 and top_p == 1 disable those filters. seed makes a
+    request's randomness reproducible: the uniform for the token at position p is a hash of
+    (seed, p), so the output does not depend on the batch the request shares. Generation stops
+    at max_tokens, at an EOS token (unless ignore_eos) or at any of stop_token_ids (the stop
+    token is kept in the output).
+    """
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    seed: int | None = None
+    max_tokens: int = 16
+    stop_token_ids: tuple[int, ...] = ()
+    ignore_eos: bool = False
+
+    def __post_init__(self) -> None:
+        if not self.temperature >= 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if not isinstance(self.top_k, int) or isinstance(self.top_k, bool):
+            raise ValueError(f"top_k must be an integer, got {self.top_k!r}")
+        if self.max_tokens < 1:
+            raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
+        if self.seed is not None and not (0 <= self.seed < 2**64):
+            raise ValueError(f"seed must be in [0, 2**64), got {self.seed}")
+        ids = tuple(self.stop_token_ids)
+        if any(not isinstance(t, int) or t < 0 for t in ids):
+            raise ValueError(f"stop_token_ids must be non-negative integers, got {ids!r}")
+        object.__setattr__(self, "stop_token_ids", ids)
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0

@@ -1,0 +1,52 @@
+"""A request's state inside a worker."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+
+from deepring.sampling.params import SamplingParams
+
+
+class Status(Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+@dataclass(eq=False)
+class Request:
+    rid: str
+    prompt_ids: list[int]
+    params: SamplingParams
+    seed: int
+    output_ids: list[int] = field(default_factory=list)
+    num_cached: int = 0  # leading tokens whose cache entries are written
+    slot: int | None = None
+    blocks: list[int] = field(default_factory=list)
+    status: Status = Status.WAITING
+    finish_reason: str | None = None  # "stop" | "length" | "abort"
+    num_preemptions: int = 0
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_ids) + len(self.output_ids)
+
+    def token(self, i: int) -> int:
+        n = len(self.prompt_ids)
+        return self.prompt_ids[i] if i < n else self.output_ids[i - n]
+
+    def tokens(self, start: int, end: int) -> list[int]:
+        n = len(self.prompt_ids)
+        if end <= n:
+            return self.prompt_ids[start:end]
+        return (self.prompt_ids + self.output_ids)[start:end]
+
+    @property
+    def pending(self) -> int:
+        """Tokens not yet fed to the model (the whole prompt at first, then 1 per decode)."""
+        return self.num_tokens - self.num_cached
+
+    @property
+    def finished(self) -> bool:
+        return self.status is Status.FINISHED

@@ -1,0 +1,152 @@
+"""Continuous batching: which requests run in the next step, and how many tokens each feeds.
+
+Every step has a token budget. Running requests go first, in admission order: a decoding
+request feeds its one new token, a request still in prefill feeds the next chunk of its prompt
+(chunked prefill: a chunk may end anywhere). Waiting requests are then admitted while budget,
+batch slots and cache blocks allow. Blocks are allocated as positions are reached; when the pool
+runs dry the youngest running request is preempted: its blocks and slot are released and it
+goes back to the front of the queue to be recomputed from its prompt plus the tokens it already
+produced (sampling depends only on seed and position, so the recomputed request continues
+exactly as it would have).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+from deepring.cache.allocator import BlockAllocator, SlotAllocator
+from deepring.worker.request import Request, Status
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 2048
+    # Largest chunk a single request feeds in one step (None: only the step budget limits it).
+    max_chunk_tokens: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.max_num_seqs < 1 or self.max_num_batched_tokens < 1:
+            raise ValueError("max_num_seqs and max_num_batched_tokens must be >= 1")
+        if self.max_chunk_tokens is not None and self.max_chunk_tokens < 1:
+            raise ValueError("max_chunk_tokens must be >= 1")
+
+
+@dataclass
+class Scheduled:
+    request: Request
+    num_tokens: int
+
+    @property
+    def completes(self) -> bool:
+        """Whether this chunk reaches the request's last known token (so it samples)."""
+        return self.request.num_cached + self.num_tokens == self.request.num_tokens
+
+
+class Scheduler:
+    def __init__(
+        self,
+        config: SchedulerConfig,
+        blocks: BlockAllocator,
+        slots: SlotAllocator,
+        block_size: int,
+    ) -> None:
+        self.config = config
+        self.blocks = blocks
+        self.slots = slots
+        self.block_size = block_size
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self.num_preemptions = 0
+
+    def add(self, req: Request) -> None:
+        req.status = Status.WAITING
+        self.waiting.append(req)
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def _blocks_for(self, n_tokens: int) -> int:
+        return -(-n_tokens // self.block_size)
+
+    def _grow(self, req: Request, n_tokens: int) -> bool:
+        need = self._blocks_for(n_tokens) - len(req.blocks)
+        if need <= 0:
+            return True
+        if not self.blocks.can_allocate(need):
+            return False
+        req.blocks.extend(self.blocks.allocate(need))
+        return True
+
+    def release(self, req: Request) -> None:
+        if req.blocks:
+            self.blocks.free(req.blocks)
+            req.blocks = []
+        if req.slot is not None:
+            self.slots.free(req.slot)
+            req.slot = None
+
+    def finish(self, req: Request, reason: str) -> None:
+        self.release(req)
+        if req in self.running:
+            self.running.remove(req)
+        elif req in self.waiting:
+            self.waiting.remove(req)
+        req.status = Status.FINISHED
+        req.finish_reason = reason
+
+    def _preempt(self, req: Request) -> None:
+        self.release(req)
+        self.running.remove(req)
+        req.num_cached = 0
+        req.status = Status.WAITING
+        req.num_preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.appendleft(req)
+
+    def _chunk(self, req: Request, budget: int) -> int:
+        n = min(req.pending, budget)
+        if self.config.max_chunk_tokens is not None:
+            n = min(n, self.config.max_chunk_tokens)
+        return n
+
+    def schedule(self) -> list[Scheduled]:
+        budget = self.config.max_num_batched_tokens
+        out: list[Scheduled] = []
+        i = 0
+        while i < len(self.running) and budget > 0:
+            req = self.running[i]
+            n = self._chunk(req, budget)
+            if n <= 0:
+                i += 1
+                continue
+            while not self._grow(req, req.num_cached + n):
+                victim = self.running[-1]
+                self._preempt(victim)
+                if victim is req:
+                    break
+            if req.status is not Status.RUNNING:
+                break
+            out.append(Scheduled(req, n))
+            budget -= n
+            i += 1
+        while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
+            req = self.waiting[0]
+            if self.slots.num_free == 0:
+                break
+            n = self._chunk(req, budget)
+            if not self._grow(req, req.num_cached + n):
+                if not self.running and not out:
+                    raise RuntimeError(
+                        f"request {req.rid} needs more cache blocks than the pool has"
+                    )
+                break
+            self.waiting.popleft()
+            req.slot = self.slots.allocate()
+            req.status = Status.RUNNING
+            self.running.append(req)
+            out.append(Scheduled(req, n))
+            budget -= n
+        return out

@@ -1,0 +1,54 @@
+"""`deepring generate` on the embedded tiny model."""
+
+from __future__ import annotations
+
+import io
+import json
+
+import pytest
+from deepring import LLM, SamplingParams, cli
+
+
+@pytest.fixture(scope="module")
+def llm():
+    return LLM("tiny", max_num_seqs=4)
+
+
+def _run(capsys, *argv) -> tuple[int, str, str]:
+    code = cli.main(["generate", *argv])
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def test_generate_prints_what_the_api_generates(capsys, llm):
+    code, out, _ = _run(capsys, "--ids", "0,5,6,7", "-p", "Hello", "--max-tokens", "5", "--json")
+    assert code == 0
+    rows = [json.loads(line) for line in out.splitlines()]
+    want = llm.generate([[0, 5, 6, 7], "Hello"], SamplingParams(temperature=0, max_tokens=5))
+    assert [r["token_ids"] for r in rows] == [w.token_ids for w in want]
+    assert [r["prompt_token_ids"] for r in rows] == [w.prompt_token_ids for w in want]
+    assert all(r["finish_reason"] == "length" for r in rows)
+
+
+def test_generate_reads_prompts_from_stdin(capsys, monkeypatch, llm):
+    monkeypatch.setattr("sys.stdin", io.StringIO("first prompt\n\nsecond prompt\n"))
+    code, out, _ = _run(capsys, "--max-tokens", "3", "--temperature", "0.7", "--seed", "9")
+    assert code == 0
+    want = llm.generate(
+        ["first prompt", "second prompt"], SamplingParams(temperature=0.7, seed=9, max_tokens=3)
+    )
+    assert out.splitlines() == [w.text for w in want]
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--ids", "1,x"], "comma-separated integers"),
+        (["--chat", "{not json"], "JSON request body"),
+        (["--ids", "1", "--top-p", "0"], "top_p"),
+    ],
+)
+def test_generate_rejects_bad_input(capsys, argv, message):
+    code, _, err = _run(capsys, *argv)
+    assert code == 2
+    assert message in err
