@@ -116,13 +116,12 @@ def pool_for(model, num_blocks: int = 64, num_slots: int = 8, block_size: int = 
         model.config,
         CacheConfig(num_blocks=num_blocks, num_slots=num_slots, block_size=block_size, **kw),
         model.dtype,
+        model.device,
     )
 
 
 def step(model, pool, chunks: list[SeqChunk]) -> torch.Tensor:
-    batch = ForwardBatch.build(
-        chunks, model.rope_tables(), pool.cache.block_size, torch.device("cpu")
-    )
+    batch = ForwardBatch.build(chunks, model.rope_tables(), pool.cache.block_size, model.device)
     return model(batch, pool).logits
 
 

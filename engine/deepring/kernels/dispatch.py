@@ -1,7 +1,9 @@
 """Choose between the Triton kernel and the torch reference for one call.
 
-CPU tensors always take the torch reference (Triton has no CPU backend; the interpreter is for
-tests). CUDA tensors take Triton unless DEEPRING_KERNELS=torch.
+DEEPRING_KERNELS=auto (default): CUDA tensors take Triton, CPU tensors the torch reference.
+DEEPRING_KERNELS=torch: always the reference. DEEPRING_KERNELS=triton: always Triton, which for
+CPU tensors only works under TRITON_INTERPRET=1 (how the tests run the whole model through the
+kernels without a GPU).
 """
 
 from __future__ import annotations
@@ -36,9 +38,10 @@ def reset() -> None:
 
 
 def use_triton(x: torch.Tensor) -> bool:
-    if not x.is_cuda:
-        return False
-    return backend() != "torch" and HAVE_TRITON
+    b = backend()
+    if b == "triton":
+        return True
+    return b == "auto" and x.is_cuda and HAVE_TRITON
 
 
 def next_pow2(n: int) -> int:

@@ -104,7 +104,7 @@ if HAVE_TRITON:
             k = tl.load(top_k_ptr + row).to(tl.int32)
             kth = float("-inf")
             if (k > 0) & (k < V):
-                lo = _key(float("-inf")).to(tl.int64)
+                lo = _key(tl.full([], float("-inf"), tl.float32)).to(tl.int64)
                 hi = _key(m).to(tl.int64)
                 for _ in range(34):
                     mid = (lo + hi + 1) // 2
@@ -129,7 +129,7 @@ if HAVE_TRITON:
             pthr = 0.0
             if top_p < 1.0:
                 lo2 = tl.zeros([], dtype=tl.int64)
-                hi2 = _key(1.0).to(tl.int64)
+                hi2 = _key(tl.full([], 1.0, tl.float32)).to(tl.int64)
                 for _ in range(32):
                     mid = (lo2 + hi2) // 2
                     v = _unkey(mid.to(tl.int32))
