@@ -80,3 +80,23 @@ class DeepseekV4(nn.Module):
             h = layer(h, ids, batch, cache)
         logits = self.logits(h[batch.logits_rows])
         return StepOutput(logits=logits, hidden=h if return_hidden else None)
+
+    @torch.inference_mode()
+    def mtp_forward(
+        self, batch: ForwardBatch, pool: KVCachePool, hidden: torch.Tensor, depth: int = 0
+    ) -> StepOutput:
+        """Draft logits from MTP layer `depth`.
+
+        `batch` has the positions, slots and blocks of a backbone step but each row's token is
+        the *next* token (the one the backbone sampled or the prompt continues with); `hidden`
+        is that backbone step's final streams (StepOutput.hidden). Row i then predicts the
+        token two positions after its position. The MTP layer keeps its own window ring.
+        """
+        if depth >= len(self.mtp):
+            raise ValueError(f"this model has {len(self.mtp)} MTP layers, asked for {depth}")
+        layer = self.mtp[depth]
+        cache = pool.layers[self.config.num_hidden_layers + depth]
+        ids = batch.input_ids
+        h = layer.forward_mtp(hidden, self.model.embed_tokens(ids), ids, batch, cache)
+        y = layer.collapse(h[batch.logits_rows])
+        return StepOutput(logits=self.lm_head(y).float(), hidden=h)
