@@ -1,8 +1,17 @@
 //! The single mapping from core errors to Python exceptions.
 
+use deepring_recipe::{ConversionError, RecipeError};
 use deepring_tokenizer::TokenizerError;
-use pyo3::exceptions::{PyOSError, PyRuntimeError, PyValueError};
+use pyo3::exceptions::{PyException, PyOSError, PyRuntimeError, PyValueError};
+use pyo3::prelude::*;
 use pyo3::PyErr;
+
+pyo3::create_exception!(
+    deepring_recipe._native,
+    PyConversionError,
+    PyException,
+    "Raised when a protocol request is invalid or cannot be converted."
+);
 
 pub(crate) fn tokenizer_load(e: TokenizerError) -> PyErr {
     match e {
@@ -13,4 +22,36 @@ pub(crate) fn tokenizer_load(e: TokenizerError) -> PyErr {
 
 pub(crate) fn tokenizer_use(e: TokenizerError) -> PyErr {
     PyRuntimeError::new_err(e.to_string())
+}
+
+pub(crate) fn conversion(e: &ConversionError) -> PyErr {
+    Python::attach(|py| {
+        let err = PyConversionError::new_err(e.message.clone());
+        let value = err.value(py);
+        let set = value
+            .setattr("status_code", e.status_code)
+            .and_then(|_| value.setattr("body", e.body()));
+        match set {
+            Ok(()) => err,
+            Err(set_err) => set_err,
+        }
+    })
+}
+
+pub(crate) fn recipe(e: RecipeError) -> PyErr {
+    match e {
+        RecipeError::Conversion(c) => conversion(&c),
+        RecipeError::InvalidBody(m) | RecipeError::InvalidArgument(m) => PyValueError::new_err(m),
+        RecipeError::Misuse(m) => PyRuntimeError::new_err(m),
+    }
+}
+
+pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    let py = m.py();
+    let class = py.get_type::<PyConversionError>();
+    // Class-level defaults so the attributes exist on the type as the stub declares them.
+    class.setattr("status_code", 400)?;
+    class.setattr("body", "")?;
+    m.add("ConversionError", class)?;
+    Ok(())
 }

@@ -6,12 +6,21 @@
 
 use pyo3::prelude::*;
 
+mod conversation;
+mod encoding;
+mod enums;
 mod errors;
+mod json;
 mod tokenizer;
 
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    m.add("IMAGE_SPECIAL_TOKEN_ID", 129_264)?;
+    errors::register(m)?;
+    enums::register(m)?;
     tokenizer::register(m)?;
+    conversation::register(m)?;
+    encoding::register(m)?;
     Ok(())
 }

@@ -1,0 +1,222 @@
+//! SpecialTokens, RenderedPrompt and the two prompt encodings.
+
+use deepring_recipe::{Encoding, ModelVersion, SpecialToken, SpecialTokens};
+use deepring_tokenizer::Tokenizer;
+use pyo3::exceptions::PyRuntimeError;
+use pyo3::prelude::*;
+
+use crate::conversation::{image_to_py, PyConversation};
+use crate::enums::PySpecialToken;
+use crate::json::byte_ranges_to_chars;
+use crate::tokenizer::PyTokenizer;
+
+#[pyclass(module = "deepring_recipe._native", name = "SpecialTokens", frozen)]
+#[derive(Clone)]
+pub(crate) struct PySpecialTokens {
+    pub(crate) inner: SpecialTokens,
+}
+
+#[pymethods]
+impl PySpecialTokens {
+    #[new]
+    #[pyo3(signature = (
+        *, bos = None, eos = None, thinking_start = None, thinking_end = None, system = None,
+        user = None, assistant = None, latest_reminder = None, dsml = None, image = None,
+        r#ref = None, ref_end = None, r#box = None, box_end = None, point = None, point_end = None,
+        polygon = None, polygon_end = None
+    ))]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        bos: Option<String>,
+        eos: Option<String>,
+        thinking_start: Option<String>,
+        thinking_end: Option<String>,
+        system: Option<String>,
+        user: Option<String>,
+        assistant: Option<String>,
+        latest_reminder: Option<String>,
+        dsml: Option<String>,
+        image: Option<String>,
+        r#ref: Option<String>,
+        ref_end: Option<String>,
+        r#box: Option<String>,
+        box_end: Option<String>,
+        point: Option<String>,
+        point_end: Option<String>,
+        polygon: Option<String>,
+        polygon_end: Option<String>,
+    ) -> Self {
+        use SpecialToken as T;
+        let overrides = [
+            (T::Bos, bos),
+            (T::Eos, eos),
+            (T::ThinkingStart, thinking_start),
+            (T::ThinkingEnd, thinking_end),
+            (T::System, system),
+            (T::User, user),
+            (T::Assistant, assistant),
+            (T::LatestReminder, latest_reminder),
+            (T::Dsml, dsml),
+            (T::Image, image),
+            (T::Ref, r#ref),
+            (T::RefEnd, ref_end),
+            (T::Box, r#box),
+            (T::BoxEnd, box_end),
+            (T::Point, point),
+            (T::PointEnd, point_end),
+            (T::Polygon, polygon),
+            (T::PolygonEnd, polygon_end),
+        ];
+        let mut inner = SpecialTokens::default();
+        for (token, spelling) in overrides {
+            if let Some(s) = spelling {
+                inner = inner.with(token, s);
+            }
+        }
+        PySpecialTokens { inner }
+    }
+
+    fn token(&self, token: PySpecialToken) -> String {
+        self.inner.token(token.into()).to_string()
+    }
+}
+
+#[pyclass(module = "deepring_recipe._native", name = "RenderedPrompt", frozen)]
+pub(crate) struct PyRenderedPrompt {
+    prompt: String,
+    special_ranges: Vec<(usize, usize)>,
+    image_sources: Vec<Py<PyAny>>,
+}
+
+#[pymethods]
+impl PyRenderedPrompt {
+    #[getter]
+    fn prompt(&self) -> &str {
+        &self.prompt
+    }
+    #[getter]
+    fn special_ranges(&self) -> Vec<(usize, usize)> {
+        self.special_ranges.clone()
+    }
+    #[getter]
+    fn image_sources(&self, py: Python<'_>) -> Vec<Py<PyAny>> {
+        self.image_sources.iter().map(|s| s.clone_ref(py)).collect()
+    }
+    fn __repr__(&self) -> String {
+        format!(
+            "RenderedPrompt(prompt=<{} characters>, image_sources={})",
+            self.prompt.chars().count(),
+            self.image_sources.len()
+        )
+    }
+}
+
+/// Shared implementation of the two encoding classes.
+#[derive(Clone)]
+pub(crate) struct EncodingState {
+    pub(crate) encoding: Encoding,
+    pub(crate) tokenizer: Option<Tokenizer>,
+}
+
+impl EncodingState {
+    fn new(version: ModelVersion) -> Self {
+        EncodingState {
+            encoding: Encoding::new(version),
+            tokenizer: None,
+        }
+    }
+
+    fn render(&self, py: Python<'_>, conv: &PyConversation) -> PyResult<PyRenderedPrompt> {
+        let rendered = py.detach(|| self.encoding.render(&conv.inner));
+        let special_ranges = byte_ranges_to_chars(&rendered.prompt, &rendered.special_ranges);
+        let image_sources = rendered
+            .image_sources
+            .iter()
+            .map(|s| image_to_py(py, s))
+            .collect::<PyResult<_>>()?;
+        Ok(PyRenderedPrompt {
+            prompt: rendered.prompt,
+            special_ranges,
+            image_sources,
+        })
+    }
+
+    pub(crate) fn encode_ids(&self, conv: &deepring_recipe::Conversation) -> PyResult<Vec<u32>> {
+        let tokenizer = self
+            .tokenizer
+            .as_ref()
+            .ok_or_else(|| PyRuntimeError::new_err("no tokenizer is attached to the encoding"))?;
+        let rendered = self.encoding.render(conv);
+        tokenizer
+            .encode_prompt(&rendered.prompt, &rendered.special_ranges)
+            .map_err(|e| PyRuntimeError::new_err(format!("failed to encode conversation: {e}")))
+    }
+}
+
+macro_rules! encoding_class {
+    ($rust:ident, $py:literal, $version:expr) => {
+        #[pyclass(module = "deepring_recipe._native", name = $py, frozen)]
+        #[derive(Clone)]
+        pub(crate) struct $rust {
+            pub(crate) state: EncodingState,
+        }
+
+        #[pymethods]
+        impl $rust {
+            #[new]
+            fn new() -> Self {
+                $rust {
+                    state: EncodingState::new($version),
+                }
+            }
+
+            fn with_tokenizer(&self, tokenizer: PyRef<'_, PyTokenizer>) -> Self {
+                let mut state = self.state.clone();
+                state.tokenizer = Some(tokenizer.inner.clone());
+                $rust { state }
+            }
+
+            fn with_special_tokens(&self, special_tokens: PyRef<'_, PySpecialTokens>) -> Self {
+                let mut state = self.state.clone();
+                state.encoding.special_tokens = special_tokens.inner.clone();
+                $rust { state }
+            }
+
+            fn render_conversation(
+                &self,
+                py: Python<'_>,
+                conversation: PyRef<'_, PyConversation>,
+            ) -> PyResult<PyRenderedPrompt> {
+                self.state.render(py, &conversation)
+            }
+
+            fn encode(
+                &self,
+                py: Python<'_>,
+                conversation: PyRef<'_, PyConversation>,
+            ) -> PyResult<Vec<u32>> {
+                let conv = &conversation.inner;
+                py.detach(|| self.state.encode_ids(conv))
+            }
+        }
+    };
+}
+
+encoding_class!(
+    PyDeepseekV4Encoding,
+    "DeepseekV4Encoding",
+    ModelVersion::DeepseekV4Pro
+);
+encoding_class!(
+    PyDeepseekV41Encoding,
+    "DeepseekV41Encoding",
+    ModelVersion::DeepseekV41Flash
+);
+
+pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<PySpecialTokens>()?;
+    m.add_class::<PyRenderedPrompt>()?;
+    m.add_class::<PyDeepseekV4Encoding>()?;
+    m.add_class::<PyDeepseekV41Encoding>()?;
+    Ok(())
+}
