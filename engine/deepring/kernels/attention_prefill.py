@@ -51,6 +51,21 @@ def _entries(comp: torch.Tensor, block_row: torch.Tensor, e: torch.Tensor) -> to
     return comp[block_row[e // epb], e % epb]
 
 
+def _attend_rows(
+    q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor, sinks: torch.Tensor, scale: float
+) -> torch.Tensor:
+    """q: [L, H, D]; k (= v): [N, D]; mask: [L, N] bool. Softmax with a per-head sink logit."""
+    n_rows, h, d = q.shape
+    sc = torch.mm(q.reshape(n_rows * h, d), k.t()).view(n_rows, h, -1).mul_(scale)
+    sc.masked_fill_(~mask[:, None, :], float("-inf"))
+    # The sink joins the softmax denominator only: exp(sink - m) added to the row sums.
+    m = torch.maximum(sc.amax(-1), sinks)
+    p = sc.sub_(m[..., None]).exp_()
+    denom = p.sum(-1).add_(torch.exp(sinks - m))
+    out = torch.mm(p.view(n_rows * h, -1), k).view(n_rows, h, d)
+    return out.div_(denom[..., None])
+
+
 def prefill_attention_torch(
     q: torch.Tensor,
     kv: torch.Tensor,
@@ -62,39 +77,47 @@ def prefill_attention_torch(
     sinks: torch.Tensor,
     scale: float,
     window: int,
+    block_q: int = 128,
 ) -> torch.Tensor:
-    h = q.shape[1]
+    """Rows are processed in blocks of `block_q` queries, each against only the window keys it
+    can see, so work and memory grow with rows x (block_q + window), not rows^2."""
     out = torch.empty_like(q)
     ring_len = ring.shape[1]
     dev = q.device
+    sinks = sinks.float()
     for s, (a, n_rows, p0) in enumerate(
         zip(layout.offsets, layout.lens, layout.starts, strict=True)
     ):
         slot = int(layout.slots[s])
         nh = min(p0, window - 1)
         hist_pos = torch.arange(p0 - nh, p0, device=dev)
-        keys = [ring[slot, hist_pos % ring_len], kv[a : a + n_rows]]
-        qpos = torch.arange(p0, p0 + n_rows, device=dev)
-        kpos = torch.arange(p0 - nh, p0 + n_rows, device=dev)
-        mask = (kpos[None] <= qpos[:, None]) & (kpos[None] > qpos[:, None] - window)
+        keys = torch.cat([ring[slot, hist_pos % ring_len], kv[a : a + n_rows]]).float()
+        ck = None
         if comp is not None:
             n = (p0 + n_rows) // comp_ratio
             e = torch.arange(n, device=dev)
-            keys.append(_entries(comp, layout.block_tables[s], e))
+            ck = _entries(comp, layout.block_tables[s], e).float()
             if comp_idx is not None:
                 sel = comp_idx[a : a + n_rows]
-                cm = torch.zeros(n_rows, n + 1, dtype=torch.bool, device=dev)
-                cm.scatter_(1, torch.where(sel >= 0, sel, n), True)
-                cm = cm[:, :n]
-            else:
-                cm = e[None] < ((qpos + 1) // comp_ratio)[:, None]
-            mask = torch.cat([mask, cm], 1)
-        k = torch.cat(keys).float()
-        sc = torch.einsum("lhd,nd->lhn", q[a : a + n_rows].float(), k) * scale
-        sc = sc.masked_fill(~mask[:, None, :], float("-inf"))
-        sc = torch.cat([sc, sinks.float().view(1, h, 1).expand(n_rows, h, 1)], -1)
-        p = torch.softmax(sc, -1)[..., :-1]
-        out[a : a + n_rows] = torch.einsum("lhn,nd->lhd", p, k).to(q.dtype)
+                cm_all = torch.zeros(n_rows, n + 1, dtype=torch.bool, device=dev)
+                cm_all.scatter_(1, torch.where(sel >= 0, sel, n), True)
+        qf = q[a : a + n_rows].float()
+        for b0 in range(0, n_rows, block_q):
+            b1 = min(n_rows, b0 + block_q)
+            k_lo = max(0, nh + b0 - (window - 1))  # first window key any row of the block sees
+            qpos = torch.arange(p0 + b0, p0 + b1, device=dev)
+            kpos = torch.arange(p0 - nh + k_lo, p0 + b1, device=dev)
+            mask = (kpos[None] <= qpos[:, None]) & (kpos[None] > qpos[:, None] - window)
+            k = keys[k_lo : nh + b1]
+            if ck is not None:
+                nb = (p0 + b1) // comp_ratio  # entries any row of the block may see
+                if comp_idx is not None:
+                    cm = cm_all[b0:b1, :nb]
+                else:
+                    cm = torch.arange(nb, device=dev)[None] < ((qpos + 1) // comp_ratio)[:, None]
+                k = torch.cat([k, ck[:nb]])
+                mask = torch.cat([mask, cm], 1)
+            out[a + b0 : a + b1] = _attend_rows(qf[b0:b1], k, mask, sinks, scale).to(q.dtype)
     return out
 
 

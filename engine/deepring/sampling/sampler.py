@@ -42,7 +42,8 @@ class Sampler:
         if not (len(params) == len(seeds) == len(positions) == b):
             raise ValueError("one params/seed/position per logits row")
         if all(p.greedy for p in params):
-            return logits.argmax(-1).tolist()
+            # max(-1).indices: the first maximum like argmax, but several times faster on CPU.
+            return logits.max(-1).indices.tolist()
         dev = logits.device
         temp = torch.tensor([p.temperature for p in params], dtype=torch.float32, device=dev)
         top_p = torch.tensor([p.top_p for p in params], dtype=torch.float32, device=dev)
