@@ -152,3 +152,22 @@ def test_sinkhorn_paths_agree_and_are_doubly_stochastic(rows):
         slow = slow / (slow.sum(-1, keepdim=True) + 1e-6)
         slow = slow / (slow.sum(-2, keepdim=True) + 1e-6)
     torch.testing.assert_close(out, slow, atol=1e-6, rtol=1e-6)
+
+
+def test_greedy_tiles_equal_argmax_of_logits(monkeypatch):
+    from deepring.model import model as model_mod
+    from v4_helpers import model_config, ours
+
+    monkeypatch.setattr(model_mod, "_GREEDY_TILE", 100)  # several tiles over a 512 vocabulary
+    m = ours(model_config("hca-bootstrap"), seed=6)
+    h = torch.randn(
+        7, m.config.hc_mult, m.config.hidden_size, generator=torch.Generator().manual_seed(0)
+    )
+    with torch.no_grad():
+        y = m.model.norm(m.model.hc_head(h[2:3]))[0]
+        # Rows 20 and 350 (different tiles) tie as row 2's maximum: the first one must win.
+        m.lm_head.weight[20] = m.lm_head.weight[350] = 50 * y / y.norm()
+        logits = m.logits(h)
+    assert logits[2].argmax() == 20
+    assert logits[2, 20] == logits[2, 350]
+    assert torch.equal(m.greedy_tokens(h), logits.argmax(-1))

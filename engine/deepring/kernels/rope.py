@@ -14,16 +14,19 @@ from deepring.kernels.dispatch import HAVE_TRITON, next_pow2, use_triton
 def apply_rope_torch(
     x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, inverse: bool = False
 ) -> torch.Tensor:
-    """x: [T, ..., D]; cos, sin: [T, R/2] (fp32). Returns a new tensor."""
+    """x: [T, ..., D]; cos, sin: [T, R/2] (fp32). Returns a new tensor.
+
+    Each channel pair (2i, 2i+1) is a complex number rotated by exp(+-i*angle).
+    """
     r = cos.shape[-1] * 2
     view = (cos.shape[0],) + (1,) * (x.dim() - 2) + (cos.shape[-1],)
-    c, s = cos.view(view), sin.view(view)
-    if inverse:
-        s = -s
-    rot = x[..., x.shape[-1] - r :].float()
-    x0, x1 = rot[..., 0::2], rot[..., 1::2]
+    cis = torch.complex(cos, -sin if inverse else sin).view(view)
+    seg = x[..., x.shape[-1] - r :].float()
+    if seg.storage_offset() % 2 or any(st % 2 for st in seg.stride()[:-1]):
+        seg = seg.contiguous()  # view_as_complex needs pair-aligned storage
+    rot = torch.view_as_complex(seg.unflatten(-1, (-1, 2)))
     out = x.clone()
-    out[..., x.shape[-1] - r :] = torch.stack((x0 * c - x1 * s, x1 * c + x0 * s), -1).flatten(-2)
+    out[..., x.shape[-1] - r :] = torch.view_as_real(rot * cis).flatten(-2)
     return out
 
 

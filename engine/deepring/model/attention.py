@@ -16,6 +16,7 @@ from deepring.kernels.rope import apply_rope
 from deepring.model.batch import ForwardBatch
 from deepring.model.compressor import Compressor
 from deepring.model.config import CSA, SLIDING, ModelConfig
+from deepring.model.fused import FusedLinears
 from deepring.model.norm import RMSNorm, linear
 
 
@@ -40,18 +41,22 @@ class Attention(nn.Module):
         self.compressor = (
             None if layer_type == SLIDING else Compressor(config, self.ratio, layer_type == CSA)
         )
+        # Every projection of the layer input runs as one GEMM.
+        extra = self.compressor.projections() if self.compressor is not None else []
+        self._in_proj = FusedLinears([self.q_a_proj, self.kv_proj, *extra])
 
     def forward(self, x: torch.Tensor, batch: ForwardBatch, cache: LayerCache) -> torch.Tensor:
         t = x.shape[0]
         cos, sin = batch.rope[self.rope_kind]
-        q_lora = self.q_a_norm(self.q_a_proj(x))
+        proj = self._in_proj(x)
+        q_lora = self.q_a_norm(proj[0])
         q = rms_norm(self.q_b_proj(q_lora).view(t, self.heads, self.head_dim), None, self.eps)
         q = apply_rope(q, cos, sin)
-        kv = apply_rope(self.kv_norm(self.kv_proj(x)), cos, sin)
+        kv = apply_rope(self.kv_norm(proj[1]), cos, sin)
 
         comp_idx = None
         if self.compressor is not None:
-            comp_idx = self.compressor(x, q_lora, batch, cache)
+            comp_idx = self.compressor(proj[2:], q_lora, batch, cache)
         out = self._attend(q, kv, batch, cache, comp_idx)
         # Window ring: remember each request's latest positions for later steps.
         rows, dest = batch.tail_rows(cache.ring.shape[1])

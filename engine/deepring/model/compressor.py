@@ -80,17 +80,26 @@ class Indexer(nn.Module):
         self.scorer = nn.Module()
         self.scorer.weights_proj = linear(d, self.heads)
 
+    def projections(self) -> list[nn.Linear]:
+        """The layers applied to the attention input (fused with the attention's own)."""
+        return [self.kv_proj, self.gate_proj, self.scorer.weights_proj]
+
     def forward(
-        self, x: torch.Tensor, q_lora: torch.Tensor, batch: ForwardBatch, cache: LayerCache
+        self,
+        proj: tuple[torch.Tensor, ...],
+        q_lora: torch.Tensor,
+        batch: ForwardBatch,
+        cache: LayerCache,
     ) -> torch.Tensor:
+        """proj: this module's projections() applied to the attention input."""
+        kv, gate, weights = proj
         compress_into(
-            batch, self.kv_proj(x), self.gate_proj(x), cache.index_tail_kv,
-            cache.index_tail_gate, self.position_bias, self.kv_norm, cache.index, self.ratio,
-            overlap=True,
+            batch, kv, gate, cache.index_tail_kv, cache.index_tail_gate, self.position_bias,
+            self.kv_norm, cache.index, self.ratio, overlap=True,
         )  # fmt: skip
         cos, sin = batch.rope["compress"]
         q = apply_rope(self.q_b_proj(q_lora).view(-1, self.heads, self.hd), cos, sin)
-        w = self.scorer.weights_proj(x).float() * self.heads**-0.5
+        w = weights.float() * self.heads**-0.5
         return indexer_topk(q, w, cache.index, batch.layout, self.ratio, self.topk, self.hd**-0.5)
 
 
@@ -106,14 +115,24 @@ class Compressor(nn.Module):
         self.kv_norm = RMSNorm(hd, config.rms_norm_eps)
         self.indexer = Indexer(config, ratio) if overlap else None
 
+    def projections(self) -> list[nn.Linear]:
+        """The layers applied to the attention input (fused with the attention's own)."""
+        own = [self.kv_proj, self.gate_proj]
+        return own + (self.indexer.projections() if self.indexer is not None else [])
+
     def forward(
-        self, x: torch.Tensor, q_lora: torch.Tensor, batch: ForwardBatch, cache: LayerCache
+        self,
+        proj: tuple[torch.Tensor, ...],
+        q_lora: torch.Tensor,
+        batch: ForwardBatch,
+        cache: LayerCache,
     ) -> torch.Tensor | None:
-        """Update the caches; return the CSA top-k entry ids per row (None for HCA)."""
+        """Update the caches; return the CSA top-k entry ids per row (None for HCA).
+        proj: this module's projections() applied to the attention input."""
         compress_into(
-            batch, self.kv_proj(x), self.gate_proj(x), cache.tail_kv, cache.tail_gate,
-            self.position_bias, self.kv_norm, cache.comp, self.ratio, self.overlap,
+            batch, proj[0], proj[1], cache.tail_kv, cache.tail_gate, self.position_bias,
+            self.kv_norm, cache.comp, self.ratio, self.overlap,
         )  # fmt: skip
         if self.indexer is None:
             return None
-        return self.indexer(x, q_lora, batch, cache)
+        return self.indexer(proj[2:], q_lora, batch, cache)

@@ -38,8 +38,13 @@ class Backbone(nn.Module):
 
 @dataclass
 class StepOutput:
-    logits: torch.Tensor  # [R, vocab] fp32, rows = batch.logits_rows
+    logits: torch.Tensor | None  # [R, vocab] fp32, rows = batch.logits_rows (None if greedy)
     hidden: torch.Tensor | None = None  # [T, hc, D] final streams (for MTP), when requested
+    greedy: torch.Tensor | None = None  # [R] argmax token ids, when asked for instead of logits
+
+
+# Vocabulary tile of the greedy path: a tile's logits stay in cache while its max is taken.
+_GREEDY_TILE = 16384
 
 
 class DeepseekV4(nn.Module):
@@ -69,17 +74,40 @@ class DeepseekV4(nn.Module):
         y = self.model.norm(self.model.hc_head(h))
         return self.lm_head(y).float()
 
+    def greedy_tokens(self, h: torch.Tensor) -> torch.Tensor:
+        """argmax of the logits (first maximum), without materialising the whole logits matrix:
+        the LM head runs tile by tile over the vocabulary with a running maximum."""
+        y = self.model.norm(self.model.hc_head(h))
+        w = self.lm_head.weight
+        best_v = torch.full((y.shape[0],), float("-inf"), device=y.device)
+        best_i = torch.zeros(y.shape[0], dtype=torch.long, device=y.device)
+        for start in range(0, w.shape[0], _GREEDY_TILE):
+            v, i = torch.nn.functional.linear(y, w[start : start + _GREEDY_TILE]).float().max(-1)
+            better = v > best_v  # strict: an earlier tile keeps ties (first maximum wins)
+            best_v = torch.where(better, v, best_v)
+            best_i = torch.where(better, i + start, best_i)
+        return best_i
+
     @torch.inference_mode()
     def forward(
-        self, batch: ForwardBatch, pool: KVCachePool, return_hidden: bool = False
+        self,
+        batch: ForwardBatch,
+        pool: KVCachePool,
+        return_hidden: bool = False,
+        greedy: bool = False,
     ) -> StepOutput:
+        """One step. `greedy=True` returns the argmax tokens of the logits rows instead of the
+        logits (cheaper: the logits never exist in full)."""
         ids = batch.input_ids
         x = self.model.embed_tokens(ids)
         h = x.unsqueeze(1).expand(-1, self.config.hc_mult, -1).contiguous()
         for layer, cache in zip(self.model.layers, pool.layers, strict=False):
             h = layer(h, ids, batch, cache)
-        logits = self.logits(h[batch.logits_rows])
-        return StepOutput(logits=logits, hidden=h if return_hidden else None)
+        last = h[batch.logits_rows]
+        hidden = h if return_hidden else None
+        if greedy:
+            return StepOutput(logits=None, hidden=hidden, greedy=self.greedy_tokens(last))
+        return StepOutput(logits=self.logits(last), hidden=hidden)
 
     @torch.inference_mode()
     def mtp_forward(

@@ -14,6 +14,7 @@ from torch import nn
 
 from deepring.kernels.moe import moe_experts
 from deepring.model.config import HASH_MOE, ModelConfig
+from deepring.model.fused import FusedLinears
 from deepring.model.norm import linear
 
 
@@ -77,10 +78,12 @@ class SharedMLP(nn.Module):
         self.gate_proj = linear(d, i)
         self.up_proj = linear(d, i)
         self.down_proj = linear(i, d)
+        self._gate_up = FusedLinears([self.gate_proj, self.up_proj])
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        g = self.gate_proj(x).clamp(max=self.limit)
-        u = self.up_proj(x).clamp(min=-self.limit, max=self.limit)
+        g, u = self._gate_up(x)
+        g = g.clamp(max=self.limit)
+        u = u.clamp(min=-self.limit, max=self.limit)
         return self.down_proj(F.silu(g) * u)
 
 

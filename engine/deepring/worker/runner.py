@@ -39,12 +39,15 @@ class ModelRunner:
         batch = ForwardBatch.build(
             chunks, self.model.rope_tables(), self.block_size, self.model.device
         )
-        logits = self.model(batch, self.pool).logits
         sampling = [s for s, c in zip(scheduled, completes, strict=True) if c]
+        greedy = all(s.request.params.greedy for s in sampling)
+        out_step = self.model(batch, self.pool, greedy=greedy)
         tokens: list[int] = []
-        if sampling:
+        if sampling and greedy:
+            tokens = out_step.greedy.tolist()
+        elif sampling:
             tokens = self.sampler(
-                logits,
+                out_step.logits,
                 [s.request.params for s in sampling],
                 [s.request.seed for s in sampling],
                 [s.request.num_tokens for s in sampling],

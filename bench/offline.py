@@ -1,0 +1,286 @@
+"""Offline generation: DeepRing against transformers' `generate` on the same weights.
+
+CPU (default): the embedded tiny model, greedy, `--prompt-len` prompt tokens and `--new-tokens`
+generated tokens per request, at each batch size; tokens/s = generated tokens / wall time
+(prefill included) and the ratio ours / transformers, against the targets (1.5x at batch 1, 5x
+at batch 32). Also the KV-cache bytes per token of the real DeepSeek-V4-Flash config against a
+plain full-attention cache.
+
+--gpu: a mid-size V4 config with dummy weights on CUDA; decode step time at a few batch sizes
+against the HBM-bandwidth roofline (bytes that must be read per step / bandwidth).
+
+Prints a table and writes bench/out/offline.png (and offline-gpu.png).
+Usage: python bench/offline.py [--batch-sizes 1,32] [--threads N] [--dtype float32] [--gpu]
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+OUT = Path(__file__).parent / "out"
+TARGETS = {1: 1.5, 32: 5.0}
+
+
+def hf_twin(model):
+    from transformers import DeepseekV4Config, DeepseekV4ForCausalLM
+
+    d = model.config.to_hf_dict()
+    for k in ("architectures", "model_type", "mtp_compress_ratios"):
+        d.pop(k, None)
+    hf = DeepseekV4ForCausalLM(DeepseekV4Config(**d)).eval().to(model.dtype)
+    hf.load_state_dict({k: v for k, v in model.state_dict().items() if not k.startswith("mtp.")})
+    return hf
+
+
+def bench_cpu(args) -> list[dict]:
+    from deepring import LLM, SamplingParams
+
+    llm = LLM(
+        "tiny",
+        dtype=args.dtype,
+        device="cpu",
+        max_num_seqs=max(args.batch_sizes),
+        max_num_batched_tokens=args.max_batched_tokens,
+        max_model_len=args.prompt_len + args.new_tokens + 8,
+    )
+    hf = None if args.skip_hf else hf_twin(llm.model)
+    rows = []
+    gen = torch.Generator().manual_seed(0)
+    for b in args.batch_sizes:
+        prompts = torch.randint(3, 120000, (b, args.prompt_len), generator=gen)
+        params = SamplingParams(temperature=0, max_tokens=args.new_tokens, ignore_eos=True)
+        llm.generate([prompts[0, :16].tolist()], SamplingParams(temperature=0, max_tokens=2))
+        ours_t, hf_t = math.inf, math.inf
+        ours_out = hf_out = None
+        for _ in range(args.repeats):  # interleaved, best of: the machine may be shared
+            t0 = time.perf_counter()
+            outs = llm.generate(prompts.tolist(), params)
+            ours_t = min(ours_t, time.perf_counter() - t0)
+            ours_out = [o.token_ids for o in outs]
+            if hf is not None:
+                with torch.inference_mode():
+                    t0 = time.perf_counter()
+                    ref = hf.generate(
+                        prompts,
+                        attention_mask=torch.ones_like(prompts),
+                        max_new_tokens=args.new_tokens,
+                        min_new_tokens=args.new_tokens,
+                        do_sample=False,
+                        pad_token_id=0,
+                    )
+                    hf_t = min(hf_t, time.perf_counter() - t0)
+                hf_out = ref[:, args.prompt_len :].tolist()
+        n = b * args.new_tokens
+        row = {"batch": b, "ours_s": ours_t, "ours_tps": n / ours_t}
+        if hf is not None:
+            same = sum(a == r for a, r in zip(ours_out, hf_out, strict=True))
+            row.update(hf_s=hf_t, hf_tps=n / hf_t, ratio=hf_t / ours_t, identical=f"{same}/{b}")
+        rows.append(row)
+        print(_fmt_row(row), flush=True)
+    return rows
+
+
+def _fmt_row(r: dict) -> str:
+    s = f"batch {r['batch']:>3}: ours {r['ours_s']:7.2f}s {r['ours_tps']:8.1f} tok/s"
+    if "hf_s" in r:
+        tgt = TARGETS.get(r["batch"])
+        verdict = (
+            "" if tgt is None else f"  target {tgt}x: {'met' if r['ratio'] >= tgt else 'NOT met'}"
+        )
+        s += (
+            f" | transformers {r['hf_s']:7.2f}s {r['hf_tps']:8.1f} tok/s | ratio {r['ratio']:5.2f}x"
+            f" | identical outputs {r['identical']}{verdict}"
+        )
+    return s
+
+
+def kv_bytes_per_token() -> list[tuple[str, float]]:
+    """Cache bytes per token of DeepSeek-V4-Flash (bf16 storage, our layout)."""
+    from deepring.cache.pool import CacheConfig, KVCachePool
+    from deepring.model.config import ModelConfig
+    from deepring.model.presets import V4_FLASH
+
+    cfg = ModelConfig.from_hf_dict(V4_FLASH)
+    pool = KVCachePool(cfg, CacheConfig(num_blocks=1, num_slots=1, block_size=128), torch.bfloat16)
+    paged = pool.bytes_per_block() / 128
+    state = pool.bytes_per_slot()
+    full = cfg.num_hidden_layers * cfg.head_dim * 2  # every layer keeps its K=V vector
+    return [
+        ("V4-Flash paged cache (CSA + indexer keys + HCA entries)", paged),
+        ("V4-Flash per-request state (window rings + compressor tails), bytes", state),
+        ("V4-Flash at 1M context incl. state", paged + state / 1_048_576),
+        ("plain full attention (43 layers x 512-d K=V, bf16)", full),
+        ("reduction vs plain full attention", full / paged),
+    ]
+
+
+def bench_gpu(args) -> list[dict]:
+    """Mid-size config, dummy weights: decode step time vs the bytes-read roofline."""
+    from deepring.cache.pool import CacheConfig, KVCachePool
+    from deepring.model.batch import ForwardBatch, SeqChunk
+    from deepring.model.config import CSA, HASH_MOE, HCA, MOE, SLIDING, ModelConfig
+    from deepring.model.loader import load_model
+
+    if not torch.cuda.is_available():
+        sys.exit("--gpu needs a CUDA device")
+    n_layers = 12
+    cfg = ModelConfig.from_hf_dict(
+        {
+            "model_type": "deepseek_v4", "vocab_size": 129280, "hidden_size": 2048,
+            "num_hidden_layers": n_layers, "num_attention_heads": 32, "head_dim": 512,
+            "qk_rope_head_dim": 64, "q_lora_rank": 768, "o_groups": 4, "o_lora_rank": 512,
+            "sliding_window": 128,
+            "layer_types": [SLIDING, SLIDING] + [CSA, HCA] * ((n_layers - 2) // 2),
+            "mlp_layer_types": [HASH_MOE] * 2 + [MOE] * (n_layers - 2),
+            "n_routed_experts": 64, "num_experts_per_tok": 6, "moe_intermediate_size": 1024,
+            "index_n_heads": 32, "index_head_dim": 128, "index_topk": 512,
+            "num_nextn_predict_layers": 0,
+        }
+    )  # fmt: skip
+    model = load_model(cfg, load_format="dummy", dtype="bfloat16", device="cuda").model
+    ctx = args.gpu_context
+    bw = args.hbm_gbps * 1e9
+    rows = []
+    for b in args.batch_sizes:
+        pool = KVCachePool(
+            cfg,
+            CacheConfig(num_blocks=b * (ctx // 128 + 2) + 1, num_slots=b),
+            torch.bfloat16,
+            "cuda",
+        )
+        per = ctx // 128 + 2
+        tables = [list(range(1 + i * per, 1 + (i + 1) * per)) for i in range(b)]
+        chunks = [SeqChunk([5] * ctx, 0, i, tables[i]) for i in range(b)]
+        for c in chunks:  # prefill one request at a time to bound memory
+            model(ForwardBatch.build([c], model.rope_tables(), 128, model.device), pool)
+        torch.cuda.synchronize()
+        steps = 20
+        times = []
+        for s in range(steps):
+            batch = ForwardBatch.build(
+                [SeqChunk([7], ctx + s, i, tables[i]) for i in range(b)],
+                model.rope_tables(), 128, model.device,
+            )  # fmt: skip
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            model(batch, pool)
+            torch.cuda.synchronize()
+            times.append(time.perf_counter() - t0)
+        step = sorted(times)[len(times) // 2]
+        weights = _decode_weight_bytes(model, b)
+        kv = b * _decode_kv_bytes(cfg, ctx)
+        roof = (weights + kv) / bw
+        row = {
+            "batch": b,
+            "step_ms": step * 1e3,
+            "roofline_ms": roof * 1e3,
+            "efficiency": roof / step,
+        }
+        rows.append(row)
+        print(
+            f"batch {b:>3}: decode step {row['step_ms']:7.2f} ms | "
+            f"roofline {row['roofline_ms']:6.2f} ms "
+            f"({(weights + kv) / 2**20:.0f} MiB at {args.hbm_gbps:.0f} GB/s) | "
+            f"{100 * row['efficiency']:.0f}% of roofline",
+            flush=True,
+        )
+    return rows
+
+
+def _decode_weight_bytes(model, batch: int) -> float:
+    """Bytes of weights one decode step must read: all dense weights, and the routed experts
+    the batch can touch (at most batch * top_k of them per layer)."""
+    cfg = model.config
+    total = 0.0
+    for name, p in model.named_parameters():
+        if name.startswith("mtp.") or "embed_tokens" in name:
+            continue
+        nbytes = p.numel() * p.element_size()
+        if name.endswith(("experts.gate_up_proj", "experts.down_proj")):
+            frac = min(1.0, batch * cfg.num_experts_per_tok / cfg.n_routed_experts)
+            nbytes *= frac
+        total += nbytes
+    return total
+
+
+def _decode_kv_bytes(cfg, ctx: int) -> float:
+    """Cache bytes one request's decode step reads (bf16): its window, selected CSA entries and
+    indexer keys, all HCA entries."""
+    per = 0.0
+    for t in cfg.layer_types:
+        per += min(ctx, cfg.sliding_window) * cfg.head_dim * 2
+        m = cfg.compress_rate(t)
+        if m and t == "compressed_sparse_attention":
+            per += min(cfg.index_topk, ctx // m) * cfg.head_dim * 2
+            per += (ctx // m) * cfg.index_head_dim * 2
+        elif m:
+            per += (ctx // m) * cfg.head_dim * 2
+    return per
+
+
+def plot(rows: list[dict], path: Path, gpu: bool) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    xs = range(len(rows))
+    if gpu:
+        ax.bar([x - 0.2 for x in xs], [r["step_ms"] for r in rows], 0.4, label="decode step")
+        ax.bar([x + 0.2 for x in xs], [r["roofline_ms"] for r in rows], 0.4, label="HBM roofline")
+        ax.set_ylabel("ms per decode step")
+    else:
+        ax.bar([x - 0.2 for x in xs], [r["ours_tps"] for r in rows], 0.4, label="DeepRing")
+        if "hf_tps" in rows[0]:
+            ax.bar([x + 0.2 for x in xs], [r["hf_tps"] for r in rows], 0.4, label="transformers")
+        ax.set_ylabel("generated tokens / s")
+    ax.set_xticks(list(xs), [f"batch {r['batch']}" for r in rows])
+    ax.legend()
+    ax.set_title("offline generation" + (" (GPU)" if gpu else " (tiny model, CPU)"))
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    print(f"plot: {path}")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--batch-sizes", type=lambda s: [int(x) for x in s.split(",")], default=[1, 32])
+    p.add_argument("--prompt-len", type=int, default=512)
+    p.add_argument("--new-tokens", type=int, default=128)
+    p.add_argument("--max-batched-tokens", type=int, default=2048)
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (both engines)")
+    p.add_argument("--dtype", default="float32", help="compute dtype of both engines")
+    p.add_argument("--repeats", type=int, default=1)
+    p.add_argument("--skip-hf", action="store_true", help="only time DeepRing")
+    p.add_argument("--gpu", action="store_true", help="mid-size config on CUDA vs HBM roofline")
+    p.add_argument("--gpu-context", type=int, default=4096)
+    p.add_argument("--hbm-gbps", type=float, default=4800.0, help="HBM bandwidth (H200: 4800)")
+    args = p.parse_args()
+    torch.set_flush_denormal(True)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    if args.gpu:
+        rows = bench_gpu(args)
+        plot(rows, OUT / "offline-gpu.png", gpu=True)
+        return
+    print(
+        f"tiny model, CPU x{torch.get_num_threads()} threads, {args.dtype}, greedy, "
+        f"{args.prompt_len}-token prompts, {args.new_tokens} new tokens"
+    )
+    rows = bench_cpu(args)
+    print("\nKV cache, bytes per token:")
+    for name, v in kv_bytes_per_token():
+        print(f"  {name:<70} {v:12,.1f}")
+    plot(rows, OUT / "offline.png", gpu=False)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,37 @@
+"""Linear layers that read the same input, run as one GEMM.
+
+After fusing, each layer's weight is a view into one concatenated matrix, so parameters keep
+their names (checkpoints and state_dict are unchanged) and no memory is duplicated. If a weight
+is later replaced (not updated in place), the next call notices and fuses again.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class FusedLinears:
+    def __init__(self, linears: list[nn.Linear]) -> None:
+        self.linears = linears
+        self.sizes = [lin.out_features for lin in linears]
+        self.weight: torch.Tensor | None = None
+        self._ptrs: list[int] = []
+
+    def _fuse(self) -> None:
+        with torch.no_grad():
+            w = torch.cat([lin.weight.data for lin in self.linears])
+            off = 0
+            for lin, n in zip(self.linears, self.sizes, strict=True):
+                lin.weight.data = w[off : off + n]
+                off += n
+        self.weight = w
+        self._ptrs = [lin.weight.data_ptr() for lin in self.linears]
+
+    def __call__(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        if self.weight is None or any(
+            lin.weight.data_ptr() != p for lin, p in zip(self.linears, self._ptrs, strict=True)
+        ):
+            self._fuse()
+        return F.linear(x, self.weight).split(self.sizes, dim=-1)
