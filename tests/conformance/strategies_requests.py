@@ -8,7 +8,7 @@ How a case is drawn:
 
 1. a ConversionOptions spec (defaults half of the time; aliases, thinking default, reasoning
    behaviour, web-search behaviours, max-token bounds, special-token overrides otherwise);
-2. a *fault set*: empty for about two thirds of the cases, else one or two fault kinds of
+2. a *fault set*: empty for about 45% of the cases, else one or two fault kinds of
    the protocol (`FAULTS`). With no fault every choice is made among values the official
    accepts, so most such cases convert; each fault kind opens one family of invalid choices
    (out-of-range options, broken tool histories, bad images, invalid schemas, wrong enum
@@ -492,7 +492,7 @@ def tool_specs(ctx: Ctx, max_tools: int = 4, strictness: Any = "draw") -> list[d
             names.append(names[0])
     # strictness is uniform unless a fault mixes it (mixing is a 400)
     if strictness == "draw":
-        strictness = ctx.pick([None, False, True])
+        strictness = ctx.pick([None, True, False, True])
     tools = []
     for name in names:
         strict = strictness
@@ -503,7 +503,7 @@ def tool_specs(ctx: Ctx, max_tools: int = 4, strictness: Any = "draw") -> list[d
             tool["description"] = ctx.draw(st.one_of(short_texts, st.none()))
         if not ctx.chance(10):
             tool["parameters"] = tool_parameters(ctx, strict is True)
-        tool["defer_loading"] = ctx.chance(15)
+        tool["defer_loading"] = ctx.chance(25)
         tools.append(tool)
     return tools
 
@@ -628,7 +628,7 @@ def conversation_script(ctx: Ctx, tool_names: list[str], prefix: bool = False) -
                 turns.append(results(step))
             turns.append(assistant(final=True))
             continue
-        ending = ctx.pick(["user", "toolloop", "assistant", "prefix"])
+        ending = ctx.pick(["user", "toolloop", "assistant", "toolloop", "prefix"])
         if ending == "toolloop" and tool_names:
             for _ in range(draw(st.integers(1, 2))):
                 step = assistant(final=False)
@@ -675,10 +675,6 @@ def break_history(ctx: Ctx, turns: list[dict]) -> None:
         assistants = [t for t in turns if t["kind"] == "assistant"]
         if assistants:
             ctx.pick(assistants)["prefix"] = True
-
-
-def script_mentions_json(script: list[dict]) -> bool:
-    return "json" in json.dumps(script, ensure_ascii=False).lower()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -734,9 +730,11 @@ def tool_choice_mode(ctx: Ctx, thinking_off: bool, tool_names: list[str]) -> tup
     return (choice,)
 
 
-def response_format_spec(ctx: Ctx, has_tools: bool) -> dict | None:
-    """{"type": ...} plus "schema"/"strict"/"name" for json_schema, "regex" for regex."""
-    if not ctx.chance(25):
+def response_format_spec(ctx: Ctx, tools: list[dict]) -> dict | None:
+    """{"type": ...} plus "schema"/"strict"/"name" for json_schema, "regex" for regex. Any
+    response_format with strict tools is a 400, json_schema with any tools too."""
+    has_tools = bool(tools)
+    if any(t.get("strict") is True for t in tools) and not ctx.fault("format_with_tools", 80):
         return None
     kinds = ["json_object", "text", "regex"]
     if not has_tools or ctx.fault("format_with_tools", 80):
@@ -869,7 +867,7 @@ def chat_response_format(spec: dict) -> dict:
 
 def chat_body(ctx: Ctx) -> dict:
     draw = ctx.draw
-    tools = tool_specs(ctx) if ctx.chance(50) else []
+    tools = tool_specs(ctx) if ctx.chance(60) else []
     names = [t["name"] for t in tools]
     # a prefix continuation is a 400 with tools ("Function call should not be used with prefix")
     script = conversation_script(ctx, names, prefix=not tools or "prefix" in ctx.faults)
@@ -877,12 +875,14 @@ def chat_body(ctx: Ctx) -> dict:
     body: dict[str, Any] = {"model": model_name(ctx), "messages": chat_messages(ctx, script)}
     switch = effort = None
     if ctx.chance(30):
-        switch = ctx.pick_faulty("enum", ["enabled", "disabled", "adaptive"], ["auto", "off"])
+        switch = ctx.pick_faulty(
+            "enum", ["enabled", "disabled", "adaptive", "disabled"], ["auto", "off"]
+        )
         body["thinking"] = {"type": switch}
     if ctx.chance(30):
         effort = ctx.pick_faulty(
             "enum",
-            ["high", "none", "minimal", "low", "medium", "xhigh", "ultra", "max"],
+            ["high", "none", "none", "minimal", "low", "medium", "xhigh", "ultra", "max"],
             ["bogus", "HIGH"],
         )
         body["reasoning_effort"] = effort
@@ -925,12 +925,12 @@ def chat_body(ctx: Ctx) -> dict:
         body["stream"] = stream
     if (stream and ctx.chance(30)) or ctx.fault("stream_options"):
         body["stream_options"] = {"include_usage": ctx.pick([True, False])}
-    spec = response_format_spec(ctx, bool(tools))
+    spec = response_format_spec(ctx, tools) if ctx.chance(30) else None
     if spec is not None and spec["type"] == "json_object" and has_prefix:
         spec = None if "prefix" not in ctx.faults else spec  # json_object + prefix is a 400
     if spec is not None:
         body["response_format"] = chat_response_format(spec)
-        if spec["type"] == "json_object" and ctx.json_hint and not script_mentions_json(script):
+        if spec["type"] == "json_object" and ctx.json_hint:
             body["messages"].insert(0, {"role": "system", "content": "Reply in JSON."})
     if ctx.chance(10):
         body["user"] = "user-1"
@@ -1066,7 +1066,7 @@ SERVER_TOOLS_RESPONSES = [
 
 
 def responses_body(ctx: Ctx) -> dict:
-    tools = tool_specs(ctx) if ctx.chance(50) else []
+    tools = tool_specs(ctx) if ctx.chance(60) else []
     declared: list[dict] = [responses_tool(t) for t in tools]
     call_names = [t["name"] for t in tools]
     custom_names: set[str] = set()
@@ -1086,7 +1086,7 @@ def responses_body(ctx: Ctx) -> dict:
             {"type": "namespace", "name": namespace, "description": description, "tools": inner}
         )
         call_names += [f"{namespace}::{t['name']}" for t in inner]
-    if ctx.chance(15) or "server_tool" in ctx.faults:
+    if ctx.chance(15) or ctx.fault("server_tool", 60):
         declared.append(ctx.pick([*SERVER_TOOLS_RESPONSES, {"type": "computer_use_preview"}]))
     script = conversation_script(ctx, call_names)
     body: dict[str, Any] = {"model": model_name(ctx)}
@@ -1109,7 +1109,7 @@ def responses_body(ctx: Ctx) -> dict:
         if ctx.chance(80):
             effort = ctx.pick_faulty(
                 "enum",
-                ["high", "none", "minimal", "low", "medium", "xhigh", "max", None],
+                ["high", "none", "none", "minimal", "low", "medium", "xhigh", "max", None],
                 ["ultra", "bogus"],
             )
             reasoning["effort"] = effort
@@ -1136,16 +1136,16 @@ def responses_body(ctx: Ctx) -> dict:
         body["max_output_tokens"] = max_token_value(ctx)
     if ctx.chance(10):
         body["top_logprobs"] = ctx.pick_faulty("enum", [0, 3, 20], [21, -1])
-    if ctx.chance(25):
+    if ctx.chance(35):
         text: dict[str, Any] = {}
-        spec = response_format_spec(ctx, bool(declared))
+        spec = response_format_spec(ctx, declared) if ctx.chance(85) else None
         if spec is not None:
             text["format"] = (
                 {k: v for k, v in spec.items() if k != "regex"}
                 if spec["type"] != "regex"
                 else {"type": "text"}
             )
-            if spec["type"] == "json_object" and ctx.json_hint and not script_mentions_json(script):
+            if spec["type"] == "json_object" and ctx.json_hint:
                 body["instructions"] = "Answer in json."
         if ctx.chance(20):
             text["verbosity"] = ctx.pick(["low", "medium", "high"])
@@ -1344,7 +1344,7 @@ SERVER_TOOLS_MESSAGES = [
 
 
 def messages_body(ctx: Ctx) -> dict:
-    tools = tool_specs(ctx) if ctx.chance(50) else []
+    tools = tool_specs(ctx) if ctx.chance(60) else []
     if tools and all(t["defer_loading"] for t in tools) and not ctx.fault("deferred", 80):
         tools[0]["defer_loading"] = False
     if ctx.fault("schema", 30) and tools:
@@ -1356,10 +1356,18 @@ def messages_body(ctx: Ctx) -> dict:
     web_search_dropped = ["messages_web_search", "Drop"] in ctx.options.get("with", []) or (
         ctx.options.get("ctor", {}).get("messages_web_search") == "Drop"
     )
-    if (web_search_dropped and ctx.chance(20)) or "server_tool" in ctx.faults:
+    if (web_search_dropped and ctx.chance(20)) or ctx.fault("server_tool", 60):
         declared.append(ctx.pick(SERVER_TOOLS_MESSAGES))
     script = conversation_script(ctx, names)
     system, messages = messages_turns(ctx, script, deferred)
+    if deferred and messages and ctx.chance(70):
+        # a system message that brings a deferred tool in (rendered in place by V4.1)
+        blocks = [
+            {"type": "text", "text": ctx.draw(texts(2))},
+            {"type": "tool_addition", "tool": {"type": "tool_reference", "name": deferred[-1]}},
+        ]
+        position = ctx.draw(st.integers(1, len(messages)))
+        messages.insert(position, {"role": "system", "content": blocks})
     if ctx.fault("content", 40):
         messages = []
     body: dict[str, Any] = {"model": model_name(ctx), "messages": messages}
@@ -1371,7 +1379,7 @@ def messages_body(ctx: Ctx) -> dict:
         body["tools"] = declared
     switch = effort = None
     if ctx.chance(50):
-        switch = ctx.pick_faulty("enum", ["enabled", "disabled", "adaptive"], ["auto"])
+        switch = ctx.pick_faulty("enum", ["enabled", "disabled", "adaptive", "disabled"], ["auto"])
         body["thinking"] = {"type": switch}
         if switch == "enabled" and ctx.chance(50):
             body["thinking"]["budget_tokens"] = 1024

@@ -115,7 +115,7 @@ def stream_requests(draw, protocol: str) -> dict:
         )
     user = "hi" + (" json" if json_mode else "")
     prefix = None
-    if protocol == "chat" and not tools and not json_mode and chance(draw, 20):
+    if protocol == "chat" and not tools and not json_mode and chance(draw, 35):
         prefix = draw(st.sampled_from(["reasoning", "content"]))
     extras: dict[str, Any] = {}
     if protocol == "chat":
@@ -148,9 +148,9 @@ def stream_requests(draw, protocol: str) -> dict:
         if not thinking:
             body["reasoning"] = {"effort": "none"}
         declared: list[dict] = [{"type": "function", **_tool(n)} for n in tools]
-        if tools and chance(draw, 40):
+        if tools and chance(draw, 50):
             declared.append({"type": "custom", "name": "apply_patch"})
-            tools = [*tools, "apply_patch"]
+            tools = ["apply_patch", *tools]
         if tools and chance(draw, 40):
             declared.append(
                 {
