@@ -899,7 +899,7 @@ def chat_body(ctx: Ctx) -> dict:
     sampling_options(ctx, body)
     if ctx.chance(25):
         body["max_tokens"] = max_token_value(ctx)
-    if ctx.chance(10):
+    if ctx.chance(15):
         # deviation 1: honoured by deepring_recipe, ignored by the official; always within the
         # bounds, which are at least 4096
         body["max_completion_tokens"] = draw(st.integers(1, 4096))
