@@ -52,7 +52,6 @@ def test_decode_logits_match_token_by_token(pair):
     torch.testing.assert_close(ours_logits, torch.stack(ref), atol=ATOL, rtol=0)
 
 
-@pytest.mark.slow
 def test_greedy_64_tokens_identical(pair):
     model, hf = pair
     prompt = _prompt(30, 2)
@@ -84,3 +83,26 @@ def test_transformers_checkpoint_loads_as_is(tmp_path):
     with torch.no_grad():
         ref = hf(torch.tensor([ids])).logits[0]
     torch.testing.assert_close(prefill_logits(loaded.model, ids), ref, atol=ATOL, rtol=0)
+
+
+def test_tiny_model_matches_transformers():
+    """The embedded tiny model at its real sizes (window 128, CSA ratio 4 with top-64 selection
+    among up to 80 entries, HCA ratio 128, 128-token blocks) against transformers."""
+    from deepring.model.loader import load_model
+    from v4_helpers import pool_for
+
+    model = load_model("tiny", dtype="float32", progress=False).model
+    hf = hf_twin(model)
+    prompt = _prompt(300, 4, vocab=129000)
+    n = 24
+    tokens, got = greedy_generate(model, prompt, n, pool=pool_for(model, 8, 2, 128))
+    ids = torch.tensor([prompt])
+    with torch.no_grad():
+        out = hf(ids, use_cache=True, logits_to_keep=1)
+        cache, ref = out.cache, [out.logits[0, -1]]
+        for i, tok in enumerate(tokens[:-1]):
+            pos = torch.tensor([[len(prompt) + i]])
+            out = hf(torch.tensor([[tok]]), cache=cache, use_cache=True, position_ids=pos)
+            cache = out.cache
+            ref.append(out.logits[0, -1])
+    torch.testing.assert_close(got, torch.stack(ref), atol=ATOL, rtol=0)
