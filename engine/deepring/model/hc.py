@@ -59,13 +59,17 @@ class HyperConnection(nn.Module):
         self.base = nn.Parameter(torch.zeros(n, dtype=torch.float32))
         self.scale = nn.Parameter(torch.ones(3, dtype=torch.float32))
 
-    def _group_sizes(self, device: torch.device) -> torch.Tensor:
-        sizes = getattr(self, "_sizes", None)
-        if sizes is None or sizes.device != device:
-            hc = self.hc
-            sizes = torch.tensor([hc, hc, hc * hc], device=device)
-            self._sizes = sizes
-        return sizes
+    def _scale_vector(self) -> torch.Tensor:
+        """scale[0] for the pre mixes, scale[1] for post, scale[2] for comb; rebuilt only when
+        the parameter changes (tracked by its version counter)."""
+        key = (self.scale.data_ptr(), self.scale._version)
+        if getattr(self, "_scale_key", None) != key:
+            hc, s = self.hc, self.scale.detach()
+            self._scale_vec = torch.cat(
+                [s[0:1].expand(hc), s[1:2].expand(hc), s[2:3].expand(hc * hc)]
+            )
+            self._scale_key = key
+        return self._scale_vec
 
     def forward(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """h: [T, hc, D]. Returns post [T, hc], comb [T, hc, hc] (comb[j, k]: stream j into
@@ -73,8 +77,7 @@ class HyperConnection(nn.Module):
         hc, eps = self.hc, self.hc_eps
         mix = F.linear(_flat_rms(h, self.norm_eps), self.fn)
         # One scale per group (pre, post, comb), applied to the whole mix vector at once.
-        scale = self.scale.repeat_interleave(self._group_sizes(mix.device))
-        z = torch.addcmul(self.base, mix, scale)
+        z = torch.addcmul(self.base, mix, self._scale_vector())
         gates = torch.sigmoid(z[:, : 2 * hc])
         pre = gates[:, :hc] + eps
         post = gates[:, hc:] * 2
