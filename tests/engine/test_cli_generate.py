@@ -40,6 +40,22 @@ def test_generate_reads_prompts_from_stdin(capsys, monkeypatch, llm):
     assert out.splitlines() == [w.text for w in want]
 
 
+@pytest.mark.skipif(
+    not hasattr(__import__("deepring_recipe"), "ChatCompletionRequest"),
+    reason="deepring_recipe has no request conversion yet",
+)
+def test_generate_takes_chat_bodies(capsys, tmp_path, llm):
+    body = '{"model": "tiny", "messages": [{"role": "user", "content": "Hi!"}]}'
+    (tmp_path / "body.json").write_text(body)
+    code, out, _ = _run(capsys, "--chat", body, "--chat", f"@{tmp_path / 'body.json'}",
+                        "--max-tokens", "3", "--json")  # fmt: skip
+    assert code == 0
+    rows = [json.loads(line) for line in out.splitlines()]
+    want = llm.generate([json.loads(body)], SamplingParams(temperature=0, max_tokens=3))[0]
+    assert [r["token_ids"] for r in rows] == [want.token_ids] * 2
+    assert rows[0]["prompt_token_ids"] == want.prompt_token_ids
+
+
 @pytest.mark.parametrize(
     ("argv", "message"),
     [

@@ -171,6 +171,20 @@ def test_chat_body_prompt_matches_official_rendering(llm):
 
 
 @pytest.mark.skipif(
+    not hasattr(deepring_recipe, "ChatCompletionRequest"),
+    reason="deepring_recipe has no request conversion yet",
+)
+def test_chat_body_naming_the_engine_model_and_bad_bodies(llm):
+    tiny = llm.generate({**CHAT, "model": "tiny"}, SamplingParams(temperature=0, max_tokens=2))
+    named = llm.generate(CHAT, SamplingParams(temperature=0, max_tokens=2))
+    assert tiny[0].prompt_token_ids == named[0].prompt_token_ids
+    with pytest.raises(ValueError, match="chat request rejected"):
+        llm.generate({**CHAT, "model": "gpt-4"}, SamplingParams(max_tokens=2))
+    with pytest.raises(ValueError, match="invalid request body"):
+        llm.generate({"model": "tiny", "messages": "nope"}, SamplingParams(max_tokens=2))
+
+
+@pytest.mark.skipif(
     hasattr(deepring_recipe, "ChatCompletionRequest"), reason="request conversion is available"
 )
 def test_chat_body_without_conversion_is_a_clear_error(llm):
