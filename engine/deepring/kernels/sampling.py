@@ -37,8 +37,9 @@ def sample_torch(
     k = top_k[rows]
     kmask = (k > 0) & (k < v)
     if bool(kmask.any()):
-        srt = torch.sort(lg, dim=-1, descending=True).values
-        kth = srt.gather(1, (k.clamp(1, v) - 1)[:, None])
+        k_max = int(torch.where(kmask, k, 1).max())
+        top = torch.topk(lg, k_max, dim=-1).values  # sorted, descending; no full-vocab sort
+        kth = top.gather(1, (torch.where(kmask, k, 1) - 1)[:, None])
         lg = torch.where(kmask[:, None] & (lg < kth), float("-inf"), lg)
     probs = torch.softmax(lg, -1)
     p = top_p[rows].float()
