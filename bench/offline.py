@@ -137,9 +137,10 @@ def bench_gpu(args) -> list[dict]:
     from deepring.model.config import CSA, HASH_MOE, HCA, MOE, SLIDING, ModelConfig
     from deepring.model.loader import load_model
 
-    if not torch.cuda.is_available():
+    dev = args.device
+    if dev == "cuda" and not torch.cuda.is_available():
         sys.exit("--gpu needs a CUDA device")
-    n_layers = 12
+    n_layers = args.gpu_layers
     cfg = ModelConfig.from_hf_dict(
         {
             "model_type": "deepseek_v4", "vocab_size": 129280, "hidden_size": 2048,
@@ -148,28 +149,31 @@ def bench_gpu(args) -> list[dict]:
             "sliding_window": 128,
             "layer_types": [SLIDING, SLIDING] + [CSA, HCA] * ((n_layers - 2) // 2),
             "mlp_layer_types": [HASH_MOE] * 2 + [MOE] * (n_layers - 2),
-            "n_routed_experts": 64, "num_experts_per_tok": 6, "moe_intermediate_size": 1024,
+            "n_routed_experts": args.gpu_experts, "num_experts_per_tok": 6,
+            "moe_intermediate_size": 1024,
             "index_n_heads": 32, "index_head_dim": 128, "index_topk": 512,
             "num_nextn_predict_layers": 0,
         }
     )  # fmt: skip
-    model = load_model(cfg, load_format="dummy", dtype="bfloat16", device="cuda").model
+    model = load_model(cfg, load_format="dummy", dtype="bfloat16", device=dev).model
     ctx = args.gpu_context
     bw = args.hbm_gbps * 1e9
+
+    def sync() -> None:
+        if dev == "cuda":
+            torch.cuda.synchronize()
+
     rows = []
     for b in args.batch_sizes:
-        pool = KVCachePool(
-            cfg,
-            CacheConfig(num_blocks=b * (ctx // 128 + 2) + 1, num_slots=b),
-            torch.bfloat16,
-            "cuda",
-        )
         per = ctx // 128 + 2
+        pool = KVCachePool(
+            cfg, CacheConfig(num_blocks=b * per + 1, num_slots=b), torch.bfloat16, dev
+        )
         tables = [list(range(1 + i * per, 1 + (i + 1) * per)) for i in range(b)]
         chunks = [SeqChunk([5] * ctx, 0, i, tables[i]) for i in range(b)]
         for c in chunks:  # prefill one request at a time to bound memory
             model(ForwardBatch.build([c], model.rope_tables(), 128, model.device), pool)
-        torch.cuda.synchronize()
+        sync()
         steps = 20
         times = []
         for s in range(steps):
@@ -177,10 +181,10 @@ def bench_gpu(args) -> list[dict]:
                 [SeqChunk([7], ctx + s, i, tables[i]) for i in range(b)],
                 model.rope_tables(), 128, model.device,
             )  # fmt: skip
-            torch.cuda.synchronize()
+            sync()
             t0 = time.perf_counter()
             model(batch, pool)
-            torch.cuda.synchronize()
+            sync()
             times.append(time.perf_counter() - t0)
         step = sorted(times)[len(times) // 2]
         weights = _decode_weight_bytes(model, b)
@@ -271,7 +275,10 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=1)
     p.add_argument("--skip-hf", action="store_true", help="only time DeepRing")
     p.add_argument("--gpu", action="store_true", help="mid-size config on CUDA vs HBM roofline")
-    p.add_argument("--gpu-context", type=int, default=4096)
+    p.add_argument("--gpu-context", type=int, default=4096, help="tokens of context per request")
+    p.add_argument("--gpu-layers", type=int, default=12)
+    p.add_argument("--gpu-experts", type=int, default=64)
+    p.add_argument("--device", default="cuda", help="--gpu device (cpu: a dry run of the code)")
     p.add_argument("--hbm-gbps", type=float, default=4800.0, help="HBM bandwidth (H200: 4800)")
     args = p.parse_args()
     torch.set_flush_denormal(True)
