@@ -145,10 +145,15 @@ class LLM:
             raise ValueError(f"{len(params)} sampling params for {len(prompts)} prompts")
         encoded = [self.encode(p) for p in prompts]
         order = []
-        for ids, p in zip(encoded, params, strict=True):
-            n = next(self._counter)
-            seed = p.seed if p.seed is not None else splitmix64(self._seed * 1_000_003 + n)
-            order.append(self.engine.add_request(f"req-{n}", ids, p, seed))
+        try:
+            for ids, p in zip(encoded, params, strict=True):
+                n = next(self._counter)
+                seed = p.seed if p.seed is not None else splitmix64(self._seed * 1_000_003 + n)
+                order.append(self.engine.add_request(f"req-{n}", ids, p, seed))
+        except ValueError:
+            for req in order:  # all or nothing: a bad prompt leaves no request behind
+                self.engine.abort(req.rid)
+            raise
         t0 = time.monotonic()
         done = 0
         while self.engine.has_unfinished:

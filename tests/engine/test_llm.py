@@ -122,7 +122,8 @@ def test_stop_token_ids_and_eos(llm):
 )
 def test_bad_prompts_are_rejected(llm, prompt, match):
     with pytest.raises(ValueError, match=match):
-        llm.generate([prompt], SamplingParams(max_tokens=4))
+        llm.generate([[5, 6, 7], prompt], SamplingParams(max_tokens=4))
+    assert not llm.engine.has_unfinished  # the good prompt before it was withdrawn too
 
 
 CHAT = {
