@@ -111,14 +111,15 @@ def test_topk_ties_prefer_lower_entries():
     assert indexer.select_topk(scores, 6).tolist() == [[1, 2, 4, 0, 3, -1]]
 
 
-def test_moe_reference_is_the_per_token_sum():
+@pytest.mark.parametrize("n", [1, 3, 6])  # few tokens take the gathered-weights path
+def test_moe_reference_is_the_per_token_sum(n):
     g = torch.Generator().manual_seed(2)
-    x = torch.randn(6, 8, generator=g)
-    idx = torch.tensor([[0, 2], [1, 0], [2, 1], [0, 2], [2, 0], [1, 2]])
-    w = torch.rand(6, 2, generator=g)
+    x = torch.randn(n, 8, generator=g)
+    idx = torch.tensor([[0, 2], [1, 0], [2, 1], [0, 2], [2, 0], [1, 2]])[:n]
+    w = torch.rand(n, 2, generator=g)
     gu, down = torch.randn(3, 10, 8, generator=g), torch.randn(3, 8, 5, generator=g)
     got = moe.moe_experts_torch(x, idx, w, gu, down, 1.0)
-    for i in range(6):
+    for i in range(n):
         want = torch.zeros(8)
         for j in range(2):
             e = int(idx[i, j])
