@@ -62,3 +62,35 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyModelVersion>()?;
     Ok(())
 }
+
+use deepring_recipe::request::{ReasoningContentBehavior, ThinkingInitialStage, WebSearchBehavior};
+
+mirror_enum!(PyThinkingInitialStage, "ThinkingInitialStage", ThinkingInitialStage {
+    ReasoningStart => ThinkingInitialStage::ReasoningStart,
+    ReasoningContinuation => ThinkingInitialStage::ReasoningContinuation,
+    ContentContinuation => ThinkingInitialStage::ContentContinuation,
+});
+
+#[pymethods]
+impl PyThinkingInitialStage {
+    fn starts_in_reasoning(&self) -> bool {
+        ThinkingInitialStage::from(*self).starts_in_reasoning()
+    }
+}
+
+mirror_enum!(PyReasoningContentBehavior, "ReasoningContentBehavior", ReasoningContentBehavior {
+    FillEmpty => ReasoningContentBehavior::FillEmpty,
+    Reject => ReasoningContentBehavior::Reject,
+});
+
+mirror_enum!(PyWebSearchBehavior, "WebSearchBehavior", WebSearchBehavior {
+    Drop => WebSearchBehavior::Drop,
+    Reject => WebSearchBehavior::Reject,
+});
+
+pub(crate) fn register_request_enums(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<PyThinkingInitialStage>()?;
+    m.add_class::<PyReasoningContentBehavior>()?;
+    m.add_class::<PyWebSearchBehavior>()?;
+    Ok(())
+}

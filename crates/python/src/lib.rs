@@ -11,6 +11,8 @@ mod encoding;
 mod enums;
 mod errors;
 mod json;
+mod options;
+mod request;
 mod tokenizer;
 
 #[pymodule]
@@ -22,5 +24,8 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     tokenizer::register(m)?;
     conversation::register(m)?;
     encoding::register(m)?;
+    enums::register_request_enums(m)?;
+    options::register(m)?;
+    request::register(m)?;
     Ok(())
 }

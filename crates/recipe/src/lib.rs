@@ -4,6 +4,7 @@ pub mod conversation;
 pub mod error;
 pub mod pyjson;
 pub mod render;
+pub mod request;
 pub mod special;
 
 pub use conversation::{

@@ -128,15 +128,13 @@ impl Renderer<'_> {
         let messages = &self.conv.messages;
         // (index in the conversation, message) of every message rendered as a turn; V4.1 counts a
         // synthesised head system message.
-        let turns: Vec<(usize, &Message)> = if self.v4() {
+        let mut turns: Vec<(usize, &Message)> = if self.v4() {
             self.v4_head();
-            let mut turns: Vec<(usize, &Message)> = messages
+            messages
                 .iter()
                 .enumerate()
                 .filter(|(_, m)| m.role != Role::System)
-                .collect();
-            sort_tool_results(&mut turns);
-            turns
+                .collect()
         } else {
             let (consumed, synthesised) = self.v41_head();
             let shift = usize::from(synthesised);
@@ -147,6 +145,7 @@ impl Renderer<'_> {
                 .map(|(i, m)| (i + shift, m))
                 .collect()
         };
+        sort_tool_results(&mut turns, self.version);
         self.turns(&turns);
         let ends_in_prefix = turns
             .last()
@@ -428,23 +427,33 @@ impl Renderer<'_> {
     }
 }
 
-/// V4 writes tool calls ordered by id, and the results that answer them in the same order: the
-/// run of tool messages right after an assistant with calls is stably sorted by `tool_call_id`.
-fn sort_tool_results(turns: &mut [(usize, &Message)]) {
+/// Tool results are written in the order of the calls they answer (V4 writes the calls themselves
+/// ordered by id): the run of tool messages right after an assistant with calls is stably sorted
+/// by the position of its `tool_call_id` among the written calls (unknown ids last).
+fn sort_tool_results(turns: &mut [(usize, &Message)], version: ModelVersion) {
     let mut i = 0;
     while i < turns.len() {
-        let calls = turns[i].1.tool_calls.as_ref().map_or(0, Vec::len);
-        if turns[i].1.role == Role::Assistant && calls > 0 {
-            let start = i + 1;
-            let mut end = start;
-            while end < turns.len() && end - start < calls && turns[end].1.role == Role::Tool {
-                end += 1;
-            }
-            turns[start..end].sort_by(|a, b| a.1.tool_call_id.cmp(&b.1.tool_call_id));
-            i = end;
-        } else {
+        let Some(calls) = turns[i].1.tool_calls.as_ref().filter(|c| !c.is_empty()) else {
             i += 1;
+            continue;
+        };
+        let mut order: Vec<&str> = calls.iter().map(|c| c.id.as_str()).collect();
+        if version == ModelVersion::DeepseekV4Pro {
+            order.sort();
         }
+        let start = i + 1;
+        let mut end = start;
+        while end < turns.len() && end - start < calls.len() && turns[end].1.role == Role::Tool {
+            end += 1;
+        }
+        let rank = |m: &Message| {
+            m.tool_call_id
+                .as_deref()
+                .and_then(|id| order.iter().position(|o| *o == id))
+                .unwrap_or(usize::MAX)
+        };
+        turns[start..end].sort_by_key(|(_, m)| rank(m));
+        i = end;
     }
 }
 

@@ -1,0 +1,148 @@
+//! Protocol request classes (single use) and ConversationRequest.
+
+use std::sync::Mutex;
+
+use deepring_recipe::request::chat::ChatCompletionRequest;
+use deepring_recipe::request::{ConversationRequest, RequestBody};
+use deepring_recipe::RecipeError;
+use pyo3::exceptions::PyRuntimeError;
+use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyString};
+
+use crate::conversation::PyConversation;
+use crate::enums::PyModelVersion;
+use crate::errors;
+use crate::json::to_json;
+use crate::options::{PyConversionOptions, PyInferenceOptions, PyParsingOptions};
+
+const CONSUMED: &str = "protocol request has been consumed";
+
+/// Read a request body (`bytes | str | dict`) into a protocol request with `parse`.
+pub(crate) fn parse_request<T>(
+    py: Python<'_>,
+    body: &Bound<'_, PyAny>,
+    parse: impl Fn(RequestBody<'_>) -> Result<T, RecipeError> + Send + Sync,
+) -> PyResult<T>
+where
+    T: Send,
+{
+    let result = if let Ok(s) = body.cast::<PyString>() {
+        let text = s.to_str()?;
+        py.detach(|| parse(RequestBody::Text(text.as_bytes())))
+    } else if let Ok(b) = body.cast::<PyBytes>() {
+        let bytes = b.as_bytes();
+        py.detach(|| parse(RequestBody::Text(bytes)))
+    } else {
+        let value = to_json(body)?;
+        py.detach(|| parse(RequestBody::Value(value)))
+    };
+    result.map_err(errors::recipe)
+}
+
+/// Take the request out of its slot, or fail if a previous `convert` consumed it.
+pub(crate) fn take<T>(slot: &Mutex<Option<T>>) -> PyResult<T> {
+    slot.lock()
+        .map_err(|_| PyRuntimeError::new_err(CONSUMED))?
+        .take()
+        .ok_or_else(|| PyRuntimeError::new_err(CONSUMED))
+}
+
+pub(crate) fn peek<T, R>(slot: &Mutex<Option<T>>, f: impl FnOnce(&T) -> R) -> PyResult<R> {
+    let guard = slot.lock().map_err(|_| PyRuntimeError::new_err(CONSUMED))?;
+    guard
+        .as_ref()
+        .map(f)
+        .ok_or_else(|| PyRuntimeError::new_err(CONSUMED))
+}
+
+#[pyclass(
+    module = "deepring_recipe._native",
+    name = "ConversationRequest",
+    frozen
+)]
+#[derive(Clone)]
+pub(crate) struct PyConversationRequest {
+    pub(crate) inner: ConversationRequest,
+}
+
+#[pymethods]
+impl PyConversationRequest {
+    #[new]
+    fn new(conversation: PyRef<'_, PyConversation>, model_version: PyModelVersion) -> Self {
+        PyConversationRequest {
+            inner: ConversationRequest::new(conversation.inner.clone(), model_version.into()),
+        }
+    }
+    #[getter]
+    fn conversation(&self) -> PyConversation {
+        PyConversation {
+            inner: self.inner.conversation.clone(),
+        }
+    }
+    #[getter]
+    fn inference_options(&self) -> PyInferenceOptions {
+        PyInferenceOptions {
+            inner: self.inner.inference_options.clone(),
+        }
+    }
+    #[getter]
+    fn parsing_options(&self) -> PyParsingOptions {
+        PyParsingOptions {
+            inner: self.inner.parsing_options.clone(),
+        }
+    }
+    #[getter]
+    fn model_version(&self) -> PyModelVersion {
+        self.inner.model_version.into()
+    }
+    #[getter]
+    fn stream(&self) -> bool {
+        self.inner.stream
+    }
+    fn resolve_max_tokens(&self, prompt_tokens: u32, context_limit: u32) -> PyResult<u64> {
+        self.inner
+            .resolve_max_tokens(u64::from(prompt_tokens), u64::from(context_limit))
+            .map_err(|e| errors::conversion(&e))
+    }
+}
+
+#[pyclass(
+    module = "deepring_recipe._native",
+    name = "ChatCompletionRequest",
+    frozen
+)]
+pub(crate) struct PyChatCompletionRequest {
+    slot: Mutex<Option<ChatCompletionRequest>>,
+}
+
+#[pymethods]
+impl PyChatCompletionRequest {
+    #[new]
+    fn new(py: Python<'_>, body: &Bound<'_, PyAny>) -> PyResult<Self> {
+        let request = parse_request(py, body, ChatCompletionRequest::from_body)?;
+        Ok(PyChatCompletionRequest {
+            slot: Mutex::new(Some(request)),
+        })
+    }
+    #[getter]
+    fn model(&self) -> PyResult<String> {
+        peek(&self.slot, |r| r.model.clone())
+    }
+    fn convert(
+        &self,
+        py: Python<'_>,
+        options: PyRef<'_, PyConversionOptions>,
+    ) -> PyResult<PyConversationRequest> {
+        let request = take(&self.slot)?;
+        let options = &options.inner;
+        py.detach(|| request.convert(options))
+            .map(|inner| PyConversationRequest { inner })
+            .map_err(|e| errors::conversion(&e))
+    }
+}
+
+pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<PyConversationRequest>()?;
+    m.add_class::<PyChatCompletionRequest>()?;
+    Ok(())
+}

@@ -1,0 +1,703 @@
+//! OpenAI Chat Completions requests.
+
+use serde::de::Error as _;
+use serde::{Deserialize, Deserializer};
+use serde_json::Value;
+
+use super::common::{self, bad, ChoiceSpec, Effort, FormatSpec, Resolved, Result, ToolSpec};
+use super::images::{self, DataUrlError, UNSUPPORTED_FILE, UNSUPPORTED_IMAGE};
+use super::options::ConversionOptions;
+use super::ConversationRequest;
+use crate::conversation::{Conversation, ImageData, ImageDetail, ImageSource, Message, ToolCall};
+use crate::error::{ConversionError, RecipeError};
+use crate::render::ModelVersion;
+use crate::special::SpecialToken;
+
+// ---------------------------------------------------------------------------------------------
+// Wire types (field order and types follow deepseek-recipe, so shape errors read the same)
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(rename = "ChatCompletionRequest")]
+pub struct ChatCompletionRequest {
+    pub messages: Vec<ChatCompletionRequestMessage>,
+    pub model: String,
+    pub frequency_penalty: Option<f32>,
+    pub logprobs: Option<bool>,
+    pub top_logprobs: Option<u8>,
+    pub max_tokens: Option<u32>,
+    pub n: Option<u8>,
+    pub presence_penalty: Option<f32>,
+    pub seed: Option<u64>,
+    pub stop: Option<StringOrList>,
+    pub stream: Option<bool>,
+    pub stream_options: Option<ChatCompletionStreamOptions>,
+    pub temperature: Option<f32>,
+    pub top_p: Option<f32>,
+    pub response_format: Option<ChatCompletionResponseFormat>,
+    pub tools: Option<Vec<ChatCompletionTool>>,
+    pub tool_choice: Option<ChatToolChoice>,
+    pub reasoning_effort: Option<ChatReasoningEffort>,
+    pub thinking: Option<ChatCompletionThinking>,
+    pub parallel_tool_calls: Option<bool>,
+    /// Read from the raw body (not a serde field): deepseek-recipe ignores it, we honour it
+    /// (recipe/DEVIATIONS.md).
+    #[serde(skip)]
+    pub max_completion_tokens: Option<u32>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(
+    rename = "ChatCompletionRequestMessage",
+    tag = "role",
+    rename_all = "snake_case"
+)]
+pub enum ChatCompletionRequestMessage {
+    System {
+        content: Content,
+    },
+    User {
+        content: Content,
+    },
+    Assistant {
+        content: Option<Content>,
+        reasoning_content: Option<String>,
+        tool_calls: Option<Vec<ChatCompletionRequestToolCall>>,
+        prefix: Option<bool>,
+    },
+    Tool {
+        content: Content,
+        tool_call_id: String,
+    },
+    LatestReminder {
+        content: String,
+    },
+}
+
+/// A string or a list of content blocks.
+#[derive(Debug, Clone)]
+pub enum Content {
+    Text(String),
+    Parts(Vec<ChatCompletionRequestContentBlock>),
+}
+
+impl<'de> Deserialize<'de> for Content {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        match Value::deserialize(d)? {
+            Value::String(s) => Ok(Content::Text(s)),
+            Value::Array(items) => serde_json::from_value(Value::Array(items))
+                .map(Content::Parts)
+                .map_err(D::Error::custom),
+            _ => Err(D::Error::custom("content should be a string or a list")),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(
+    rename = "ChatCompletionRequestContentBlock",
+    tag = "type",
+    rename_all = "snake_case"
+)]
+pub enum ChatCompletionRequestContentBlock {
+    Text {
+        text: String,
+    },
+    ImageUrl {
+        image_url: ChatCompletionImageUrl,
+    },
+    File {
+        file_id: Option<String>,
+        file_data: Option<String>,
+    },
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(rename = "ChatCompletionImageUrl")]
+pub struct ChatCompletionImageUrl {
+    pub url: String,
+    pub detail: Option<WireDetail>,
+}
+
+#[derive(Debug, Clone, Copy, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum WireDetail {
+    Low,
+    High,
+    Original,
+    Auto,
+}
+
+impl From<WireDetail> for ImageDetail {
+    fn from(d: WireDetail) -> Self {
+        match d {
+            WireDetail::Low => ImageDetail::Low,
+            WireDetail::High => ImageDetail::High,
+            WireDetail::Original => ImageDetail::Original,
+            WireDetail::Auto => ImageDetail::Auto,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(rename = "ChatCompletionRequestToolCall")]
+pub struct ChatCompletionRequestToolCall {
+    pub id: String,
+    #[serde(rename = "type")]
+    pub kind: FunctionType,
+    pub function: ChatCompletionRequestFunctionCall,
+}
+
+#[derive(Debug, Clone, Copy, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum FunctionType {
+    Function,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(rename = "ChatCompletionRequestFunctionCall")]
+pub struct ChatCompletionRequestFunctionCall {
+    pub name: String,
+    pub arguments: String,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(rename = "ChatCompletionTool")]
+pub struct ChatCompletionTool {
+    #[serde(rename = "type")]
+    pub kind: FunctionType,
+    pub function: ChatCompletionFunction,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(rename = "ChatCompletionFunction")]
+pub struct ChatCompletionFunction {
+    pub name: String,
+    pub description: Option<String>,
+    pub parameters: Option<Value>,
+    pub strict: Option<bool>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(rename = "ChatCompletionStreamOptions")]
+pub struct ChatCompletionStreamOptions {
+    pub include_usage: Option<bool>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(
+    rename = "ChatCompletionResponseFormat",
+    tag = "type",
+    rename_all = "snake_case"
+)]
+pub enum ChatCompletionResponseFormat {
+    JsonObject,
+    JsonSchema { json_schema: JsonSchemaSpec },
+    Regex { regex: String },
+    Text,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(rename = "ChatCompletionJsonSchema")]
+pub struct JsonSchemaSpec {
+    pub name: Option<String>,
+    pub description: Option<String>,
+    pub schema: Value,
+    pub strict: Option<bool>,
+}
+
+#[derive(Debug, Clone, Copy, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ChatReasoningEffort {
+    None,
+    Minimal,
+    Low,
+    Medium,
+    High,
+    Xhigh,
+    Ultra,
+    Max,
+}
+
+impl From<ChatReasoningEffort> for Effort {
+    fn from(e: ChatReasoningEffort) -> Self {
+        match e {
+            ChatReasoningEffort::None => Effort::None,
+            ChatReasoningEffort::Minimal | ChatReasoningEffort::Low => Effort::Low,
+            ChatReasoningEffort::Medium | ChatReasoningEffort::High => Effort::High,
+            ChatReasoningEffort::Xhigh => Effort::XHigh,
+            ChatReasoningEffort::Ultra | ChatReasoningEffort::Max => Effort::Max,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(rename = "ChatCompletionThinking")]
+pub struct ChatCompletionThinking {
+    #[serde(rename = "type")]
+    pub kind: ThinkingType,
+    pub budget_tokens: Option<u64>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ThinkingType {
+    Adaptive,
+    Enabled,
+    Disabled,
+}
+
+/// `"a"` or `["a", "b"]`.
+#[derive(Debug, Clone)]
+pub enum StringOrList {
+    One(String),
+    Many(Vec<String>),
+}
+
+impl<'de> Deserialize<'de> for StringOrList {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        match Value::deserialize(d)? {
+            Value::String(s) => Ok(StringOrList::One(s)),
+            Value::Array(items) => serde_json::from_value(Value::Array(items))
+                .map(StringOrList::Many)
+                .map_err(D::Error::custom),
+            _ => Err(D::Error::custom("expected a string or a list")),
+        }
+    }
+}
+
+/// `"none" | "auto" | "required"` or `{"type": "function", "function": {"name": ...}}`.
+#[derive(Debug, Clone)]
+pub enum ChatToolChoice {
+    None,
+    Auto,
+    Required,
+    Function(String),
+}
+
+#[derive(Deserialize)]
+#[serde(rename = "ChatCompletionToolChoiceFunction")]
+struct ChoiceFunction {
+    name: String,
+}
+
+impl<'de> Deserialize<'de> for ChatToolChoice {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        const EXPECTED: &str = "expected one of `none`, `auto`, `required` or a tool";
+        match Value::deserialize(d)? {
+            Value::String(s) => match s.as_str() {
+                "none" => Ok(ChatToolChoice::None),
+                "auto" => Ok(ChatToolChoice::Auto),
+                "required" => Ok(ChatToolChoice::Required),
+                _ => Err(D::Error::custom(EXPECTED)),
+            },
+            Value::Object(mut map) => {
+                let kind = map.remove("type").unwrap_or(Value::Null);
+                serde_json::from_value::<FunctionType>(kind)
+                    .map_err(|e| D::Error::custom(format!("field `type`: {e}")))?;
+                let function = map.remove("function").unwrap_or(Value::Null);
+                let f: ChoiceFunction = serde_json::from_value(function)
+                    .map_err(|e| D::Error::custom(format!("field `function`: {e}")))?;
+                Ok(ChatToolChoice::Function(f.name))
+            }
+            _ => Err(D::Error::custom(EXPECTED)),
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Conversion
+
+impl ChatCompletionRequest {
+    /// Parse a body (see [`super::parse_body`]), reading `max_completion_tokens` on the side.
+    pub fn from_body(body: super::RequestBody<'_>) -> std::result::Result<Self, RecipeError> {
+        let value = match body {
+            super::RequestBody::Text(bytes) => serde_json::from_slice::<Value>(bytes)
+                .map_err(|e| RecipeError::InvalidBody(format!("invalid JSON request: {e}")))?,
+            super::RequestBody::Value(v) => v,
+        };
+        let max_completion_tokens = value
+            .get("max_completion_tokens")
+            .and_then(Value::as_u64)
+            .and_then(|v| u32::try_from(v).ok());
+        let mut request: ChatCompletionRequest =
+            super::parse_body(super::RequestBody::Value(value))?;
+        request.max_completion_tokens = max_completion_tokens;
+        Ok(request)
+    }
+
+    pub fn convert(
+        self,
+        options: &ConversionOptions,
+    ) -> std::result::Result<ConversationRequest, ConversionError> {
+        let version = common::resolve_model(options, &self.model)?;
+        let tool_specs: Vec<ToolSpec> = self
+            .tools
+            .unwrap_or_default()
+            .into_iter()
+            .enumerate()
+            .map(|(i, t)| {
+                common::check_tool_name(&t.function.name, &format!("tools[{i}].function.name"))?;
+                Ok(ToolSpec {
+                    name: t.function.name,
+                    description: t.function.description,
+                    parameters: t.function.parameters,
+                    strict: t.function.strict,
+                    defer_loading: false,
+                })
+            })
+            .collect::<Result<_>>()?;
+        let image_token = options
+            .special_tokens
+            .token(SpecialToken::Image)
+            .to_string();
+        let vision = version == ModelVersion::DeepseekV41Flash;
+        let mut messages = convert_messages(self.messages, &image_token, vision)?;
+
+        let has_response_format = self.response_format.is_some();
+        let format_spec = match self.response_format {
+            None | Some(ChatCompletionResponseFormat::Text) => FormatSpec::Text,
+            Some(ChatCompletionResponseFormat::JsonObject) => FormatSpec::JsonObject,
+            Some(ChatCompletionResponseFormat::JsonSchema { json_schema }) => {
+                FormatSpec::JsonSchema {
+                    schema: json_schema.schema,
+                    strict: json_schema.strict == Some(true),
+                }
+            }
+            Some(ChatCompletionResponseFormat::Regex { regex }) => FormatSpec::Regex(regex),
+        };
+        if matches!(format_spec, FormatSpec::JsonObject) && !common::mentions_json(&messages) {
+            return Err(bad(
+                "Prompt must contain the word 'json' in some form to use 'response_format' of type 'json_object'.",
+            ));
+        }
+        let mut tools = common::finalize_tools(tool_specs)?;
+        let (format, format_constraint) = common::finalize_format(format_spec)?;
+
+        let switch = self.thinking.map(|t| t.kind != ThinkingType::Disabled);
+        let (thinking, effort) =
+            common::resolve_thinking(switch, self.reasoning_effort.map(Effort::from), options);
+        let choice = match self.tool_choice {
+            None | Some(ChatToolChoice::Auto) => ChoiceSpec::Auto,
+            Some(ChatToolChoice::None) => ChoiceSpec::None,
+            Some(ChatToolChoice::Required) => ChoiceSpec::Required,
+            Some(ChatToolChoice::Function(name)) => ChoiceSpec::Named(name),
+        };
+        let declared = !tools.is_empty();
+        let tool_choice = common::resolve_tool_choice(choice, &mut tools, thinking)?;
+        common::check_tool_rules(declared, &tools, &messages, has_response_format)?;
+
+        let stop = match self.stop {
+            None => Vec::new(),
+            Some(StringOrList::One(s)) => {
+                common::check_stop(std::slice::from_ref(&s), true, "stop")?;
+                vec![s]
+            }
+            Some(StringOrList::Many(v)) => {
+                common::check_stop(&v, false, "stop")?;
+                v
+            }
+        };
+        let stream = self.stream.unwrap_or(false);
+        if self.stream_options.is_some() && !stream {
+            return Err(bad("stream_options should be set along with stream = true"));
+        }
+        if self.n.is_some_and(|n| n != 1) {
+            return Err(bad("Invalid n value (currently only n = 1 is supported)"));
+        }
+        check_penalty("presence_penalty", self.presence_penalty)?;
+        check_penalty("frequency_penalty", self.frequency_penalty)?;
+        common::check_temperature(self.temperature)?;
+        common::check_top_p(self.top_p)?;
+        let logprobs = self.logprobs.unwrap_or(false);
+        common::check_top_logprobs(self.top_logprobs, logprobs)?;
+        let max_tokens = self.max_tokens.or(self.max_completion_tokens);
+        common::check_max_tokens(max_tokens, thinking, options)?;
+        if self.seed.is_some_and(|s| s >= 1 << 63) {
+            return Err(bad(
+                "Invalid seed value, the valid range of seed is [0, 2^63)",
+            ));
+        }
+        common::apply_reasoning_policy(&mut messages, thinking, !tools.is_empty(), options)?;
+
+        let resolved = Resolved {
+            thinking,
+            tools: &tools,
+            tool_choice,
+            format: &format,
+            format_constraint,
+            messages: &messages,
+            stop_sequences: stop,
+        };
+        let constraint = common::output_constraint(&resolved);
+        let parsing = common::parsing_options(resolved, options);
+        let inference = common::inference_options(
+            max_tokens,
+            common::sampling(
+                version,
+                thinking,
+                !tools.is_empty(),
+                self.temperature,
+                self.top_p,
+            ),
+            logprobs,
+            self.top_logprobs,
+            self.seed,
+            constraint,
+        );
+        Ok(ConversationRequest {
+            conversation: Conversation {
+                messages,
+                thinking_mode: thinking,
+                tools,
+                tool_choice,
+                reasoning_effort: effort,
+                response_format: format,
+            },
+            inference_options: inference,
+            parsing_options: parsing,
+            model_version: version,
+            stream,
+        })
+    }
+}
+
+fn check_penalty(name: &str, value: Option<f32>) -> Result<()> {
+    match value {
+        Some(v) if !(-2.0..=2.0).contains(&v) => Err(bad(format!(
+            "Invalid {name} value, the valid range of {name} is [-2, 2]"
+        ))),
+        _ => Ok(()),
+    }
+}
+
+/// Joins content blocks into message text (blocks separated by blank lines, each image as one
+/// image token) and collects the images.
+struct ContentBuilder<'a> {
+    parts: Vec<String>,
+    images: Vec<ImageSource>,
+    image_token: &'a str,
+    /// V4-Pro has no vision: every image or file becomes a text placeholder, unchecked.
+    vision: bool,
+    path: String,
+}
+
+/// What a V4-Pro prompt shows in place of an image.
+pub(crate) const UNSUPPORTED_IMAGE_TEXT: &str = "[Unsupported Image]";
+
+impl<'a> ContentBuilder<'a> {
+    fn new(image_token: &'a str, vision: bool, index: usize) -> Self {
+        ContentBuilder {
+            parts: Vec::new(),
+            images: Vec::new(),
+            image_token,
+            vision,
+            path: format!(".messages[{index}]"),
+        }
+    }
+
+    fn error(&self, message: &str) -> ConversionError {
+        bad(format!("{}: {message}", self.path))
+    }
+
+    fn push_image(&mut self, data: ImageData, detail: ImageDetail) {
+        self.images.push(images::source(data, detail, &self.path));
+        self.parts.push(self.image_token.to_string());
+    }
+
+    fn add(&mut self, content: Content) -> Result<()> {
+        let parts = match content {
+            Content::Text(s) => {
+                self.parts.push(s);
+                return Ok(());
+            }
+            Content::Parts(p) => p,
+        };
+        for part in parts {
+            match part {
+                ChatCompletionRequestContentBlock::Text { text } => self.parts.push(text),
+                _ if !self.vision => self.parts.push(UNSUPPORTED_IMAGE_TEXT.to_string()),
+                ChatCompletionRequestContentBlock::ImageUrl { image_url } => {
+                    let detail = image_url
+                        .detail
+                        .map_or(ImageDetail::High, ImageDetail::from);
+                    let url = image_url.url;
+                    if images::is_http_url(&url) {
+                        self.push_image(ImageData::Url(url), detail);
+                    } else if images::is_data_url(&url) {
+                        match images::check_data_url(&url) {
+                            Ok(()) => self.push_image(ImageData::DataUrl(url), detail),
+                            Err(DataUrlError::NotBase64DataUrl) => {
+                                return Err(self.error("Unsupported image_url format"))
+                            }
+                            Err(DataUrlError::UnsupportedType) => {
+                                return Err(self.error(UNSUPPORTED_IMAGE))
+                            }
+                            Err(DataUrlError::BadBase64) => {
+                                return Err(self.error("Invalid base64 data"))
+                            }
+                        }
+                    } else {
+                        return Err(self.error("Unsupported image_url format"));
+                    }
+                }
+                ChatCompletionRequestContentBlock::File { file_id, file_data } => {
+                    // deepseek-recipe reads these at the block's top level, not under `file`.
+                    if let Some(data) = file_data {
+                        match images::check_data_url(&data) {
+                            Ok(()) => self.push_image(ImageData::DataUrl(data), ImageDetail::High),
+                            Err(DataUrlError::UnsupportedType) => {
+                                return Err(self.error(UNSUPPORTED_FILE))
+                            }
+                            Err(_) => {
+                                return Err(self.error("file_data is not a valid base64 data url"))
+                            }
+                        }
+                    } else if file_id.is_some() {
+                        return Err(self.error(
+                            "file_id is not supported. Pass the image as a base64 data url instead.",
+                        ));
+                    } else {
+                        return Err(self.error("file must have a file_id or file_data"));
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn text(&self) -> String {
+        self.parts.join("\n\n")
+    }
+}
+
+/// Chat messages -> conversation messages, checking tool-call sequencing and prefixes.
+fn convert_messages(
+    messages: Vec<ChatCompletionRequestMessage>,
+    image_token: &str,
+    vision: bool,
+) -> Result<Vec<Message>> {
+    if messages.is_empty() {
+        return Err(bad("Empty input messages"));
+    }
+    let count = messages.len();
+    let mut out = Vec::with_capacity(count);
+    // Call ids of the last assistant message still waiting for their tool results.
+    let mut pending: Option<Vec<String>> = None;
+    // Checked after every message passed its own checks, as deepseek-recipe does.
+    let mut misplaced_prefix = false;
+    for (i, m) in messages.into_iter().enumerate() {
+        let is_tool = matches!(m, ChatCompletionRequestMessage::Tool { .. });
+        if !is_tool && pending.as_ref().is_some_and(|p| !p.is_empty()) {
+            return Err(insufficient_tool_messages());
+        }
+        if !is_tool {
+            pending = None;
+        }
+        let mut builder = ContentBuilder::new(image_token, vision, i);
+        let message = match m {
+            ChatCompletionRequestMessage::System { content } => {
+                builder.add(content)?;
+                let text = builder.text();
+                // An empty system message is dropped.
+                if text.is_empty() {
+                    continue;
+                }
+                Message::system(text, builder.images, None, image_token)
+            }
+            ChatCompletionRequestMessage::User { content } => {
+                builder.add(content)?;
+                Message::user(builder.text(), builder.images, image_token)
+            }
+            ChatCompletionRequestMessage::LatestReminder { content } => {
+                Ok(Message::latest_reminder(content))
+            }
+            ChatCompletionRequestMessage::Tool {
+                content,
+                tool_call_id,
+            } => {
+                match pending.as_mut() {
+                    Some(ids) if !ids.is_empty() => match ids.iter().position(|id| *id == tool_call_id) {
+                        Some(pos) => {
+                            ids.remove(pos);
+                        }
+                        None => {
+                            return Err(bad(format!(
+                                "An assistant message with 'tool_calls' must be followed by tool messages responding to each 'tool_call_id', The following tool_call_ids did not have response messages: {tool_call_id}"
+                            )))
+                        }
+                    },
+                    _ => {
+                        return Err(bad(
+                            "Messages with role 'tool' must be a response to a preceding message with 'tool_calls'",
+                        ))
+                    }
+                }
+                builder.add(content)?;
+                Message::tool(
+                    builder.text(),
+                    Some(tool_call_id),
+                    builder.images,
+                    image_token,
+                )
+            }
+            ChatCompletionRequestMessage::Assistant {
+                content,
+                reasoning_content,
+                tool_calls,
+                prefix,
+            } => {
+                let prefix = prefix.unwrap_or(false);
+                misplaced_prefix |= prefix && i + 1 != count;
+                if content.is_none() && tool_calls.is_none() {
+                    return Err(bad(
+                        "Invalid assistant message: content or tool_calls must be set",
+                    ));
+                }
+                if tool_calls.as_ref().is_some_and(Vec::is_empty) {
+                    return Err(bad(format!(
+                        "Invalid 'messages[{i}].tool_calls': empty array. Expected an array with minimum length 1, but got an empty array instead."
+                    )));
+                }
+                if let Some(c) = content {
+                    builder.add(c)?;
+                }
+                if !builder.images.is_empty() {
+                    return Err(bad("Image in assistant message is not supported"));
+                }
+                let calls: Option<Vec<ToolCall>> = tool_calls.map(|calls| {
+                    calls
+                        .into_iter()
+                        .map(|c| ToolCall {
+                            id: c.id,
+                            name: c.function.name,
+                            arguments: c.function.arguments,
+                        })
+                        .collect()
+                });
+                pending = calls
+                    .as_ref()
+                    .map(|c| c.iter().map(|c| c.id.clone()).collect());
+                Ok(Message::assistant(
+                    builder.text(),
+                    reasoning_content,
+                    calls,
+                    prefix,
+                ))
+            }
+        };
+        out.push(message.map_err(|e| bad(e.to_string()))?);
+    }
+    if pending.is_some_and(|p| !p.is_empty()) {
+        return Err(insufficient_tool_messages());
+    }
+    if misplaced_prefix {
+        return Err(bad(
+            "Invalid completion message: prefix set true with message which is not final message or message role is not assistant",
+        ));
+    }
+    Ok(out)
+}
+
+fn insufficient_tool_messages() -> ConversionError {
+    bad("An assistant message with 'tool_calls' must be followed by tool messages responding to each 'tool_call_id'. (insufficient tool messages following tool_calls message)")
+}

@@ -1,0 +1,107 @@
+//! Image references in requests: URLs and base64 data URLs, validated as deepseek-recipe does.
+//! Images are not fetched or decoded here; a data URL's payload is only checked to be base64.
+
+use base64::engine::general_purpose::{GeneralPurpose, GeneralPurposeConfig};
+use base64::engine::DecodePaddingMode;
+use base64::Engine;
+
+use crate::conversation::{ImageData, ImageDetail, ImageSource};
+
+const BASE64: GeneralPurpose = GeneralPurpose::new(
+    &base64::alphabet::STANDARD,
+    GeneralPurposeConfig::new().with_decode_padding_mode(DecodePaddingMode::Indifferent),
+);
+
+const IMAGE_TYPES: &[&str] = &["png", "jpeg", "jpg", "gif", "webp"];
+
+/// Why a data URL was refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum DataUrlError {
+    /// Not `data:...base64,...`.
+    NotBase64DataUrl,
+    /// The media type is not one of the image types the model takes.
+    UnsupportedType,
+    /// The payload is not valid base64.
+    BadBase64,
+}
+
+/// Check `data:<mime>[;params];base64,<payload>`: the header ends at the first `base64,`.
+pub(crate) fn check_data_url(url: &str) -> Result<(), DataUrlError> {
+    let rest = strip_prefix_ignore_case(url, "data:").ok_or(DataUrlError::NotBase64DataUrl)?;
+    let at = rest.find("base64,").ok_or(DataUrlError::NotBase64DataUrl)?;
+    let (header, payload) = (&rest[..at], &rest[at + "base64,".len()..]);
+    let mime = header
+        .split([';', ','])
+        .next()
+        .unwrap_or("")
+        .trim()
+        .to_ascii_lowercase();
+    let supported = mime
+        .strip_prefix("image/")
+        .is_some_and(|sub| IMAGE_TYPES.contains(&sub));
+    if !supported {
+        return Err(DataUrlError::UnsupportedType);
+    }
+    let compact: Vec<u8> = payload
+        .bytes()
+        .filter(|b| !b.is_ascii_whitespace())
+        .collect();
+    BASE64
+        .decode(compact)
+        .map(|_| ())
+        .map_err(|_| DataUrlError::BadBase64)
+}
+
+pub(crate) fn is_http_url(url: &str) -> bool {
+    strip_prefix_ignore_case(url, "http").is_some()
+}
+
+pub(crate) fn is_data_url(url: &str) -> bool {
+    strip_prefix_ignore_case(url, "data:").is_some()
+}
+
+fn strip_prefix_ignore_case<'a>(s: &'a str, prefix: &str) -> Option<&'a str> {
+    let head = s.get(..prefix.len())?;
+    head.eq_ignore_ascii_case(prefix)
+        .then(|| &s[prefix.len()..])
+}
+
+pub(crate) fn source(data: ImageData, detail: ImageDetail, path: &str) -> ImageSource {
+    ImageSource {
+        data,
+        detail,
+        path: path.to_string(),
+    }
+}
+
+pub(crate) const UNSUPPORTED_IMAGE: &str = "You have uploaded an unsupported image. Please make sure your image is valid and has one of the following formats: webp, png, jpeg, and gif.";
+pub(crate) const UNSUPPORTED_FILE: &str = "You have uploaded an unsupported file. Please make sure your file is valid and has one of the following formats: webp, png, jpeg, and gif.";
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn data_urls_are_checked_like_the_official() {
+        assert_eq!(check_data_url("data:image/png;base64,aGk="), Ok(()));
+        assert_eq!(check_data_url("data:image/png;base64,aGk"), Ok(()));
+        assert_eq!(check_data_url("data:Image/JPG;x;base64, aG k="), Ok(()));
+        assert_eq!(check_data_url("data:image/png,base64,aGk="), Ok(()));
+        assert_eq!(
+            check_data_url("data:image/png;BASE64,aGk="),
+            Err(DataUrlError::NotBase64DataUrl)
+        );
+        assert_eq!(
+            check_data_url("data:text/plain;base64,aGk="),
+            Err(DataUrlError::UnsupportedType)
+        );
+        assert_eq!(
+            check_data_url("data:image/png;base64,aGk=="),
+            Err(DataUrlError::BadBase64)
+        );
+        assert_eq!(
+            check_data_url("data:image/png;base64,aGk-"),
+            Err(DataUrlError::BadBase64)
+        );
+    }
+}
