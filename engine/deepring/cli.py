@@ -10,20 +10,9 @@ import deepring_recipe
 
 from deepring import __version__
 
-_NOT_YET = "the {name} subcommand is not implemented yet in this build"
-
 
 def _version_line() -> str:
     return f"deepring {__version__} (deepring-recipe {deepring_recipe.__version__})"
-
-
-def _serve(args: argparse.Namespace) -> int:
-    print(_version_line())
-    print(
-        "deepring serve: the serving stack (frontend, prefill and decode processes) has not "
-        f"landed yet; nothing to serve for model {args.model!r}. Exiting."
-    )
-    return 0
 
 
 def _generate(args: argparse.Namespace) -> int:
@@ -109,32 +98,15 @@ def _add_generate(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=_generate)
 
 
-def _unimplemented(args: argparse.Namespace) -> int:
-    print(_NOT_YET.format(name=args.command), file=sys.stderr)
-    return 2
-
-
 def build_parser() -> argparse.ArgumentParser:
+    from deepring import cli_serve
+
     parser = argparse.ArgumentParser(prog="deepring", description=__doc__)
     parser.add_argument("--version", action="version", version=_version_line())
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-
-    serve = sub.add_parser("serve", help="frontend + prefill + decode on this machine")
-    serve.add_argument("--model", default="tiny", help="model path or 'tiny' (embedded default)")
-    serve.add_argument("--host", default="127.0.0.1")
-    serve.add_argument("--port", type=int, default=8000)
-    serve.set_defaults(func=_serve)
-
-    for name, text in [
-        ("frontend", "the HTTP frontend role alone"),
-        ("prefill", "one prefill worker"),
-        ("decode", "one decode worker"),
-    ]:
-        p = sub.add_parser(name, help=text)
-        p.set_defaults(func=_unimplemented)
+    cli_serve.add_serving_commands(sub)
     _add_generate(sub)
-    p = sub.add_parser("bench", help="benchmarks")
-    p.set_defaults(func=_unimplemented)
+    cli_serve.add_bench_command(sub)
     return parser
 
 

@@ -11,6 +11,7 @@ Variables read elsewhere, listed here so this file stays the index:
 from __future__ import annotations
 
 import os
+import tempfile
 from pathlib import Path
 
 KERNEL_BACKENDS = ("auto", "torch", "triton")
@@ -57,3 +58,54 @@ def cpu_threads() -> int | None:
     if n < 1:
         raise ValueError(f"DEEPRING_CPU_THREADS must be a positive integer, got {value!r}")
     return n
+
+
+def _positive_float(name: str, default: float) -> float:
+    value = _raw(name)
+    if value is None:
+        return default
+    try:
+        x = float(value)
+    except ValueError:
+        raise ValueError(f"{name} must be a positive number of seconds, got {value!r}") from None
+    if not x > 0:
+        raise ValueError(f"{name} must be a positive number of seconds, got {value!r}")
+    return x
+
+
+def heartbeat_interval() -> float:
+    """DEEPRING_HEARTBEAT_INTERVAL: seconds between heartbeats on the rings (default 1)."""
+    return _positive_float("DEEPRING_HEARTBEAT_INTERVAL", 1.0)
+
+
+def heartbeat_timeout() -> float:
+    """DEEPRING_HEARTBEAT_TIMEOUT: seconds of silence after which a peer is declared dead
+    (default 10). Local child processes are noticed at once through their exit instead."""
+    return _positive_float("DEEPRING_HEARTBEAT_TIMEOUT", 10.0)
+
+
+def drain_timeout() -> float:
+    """DEEPRING_DRAIN_TIMEOUT: seconds SIGTERM waits for in-flight requests (default 30)."""
+    return _positive_float("DEEPRING_DRAIN_TIMEOUT", 30.0)
+
+
+def ipc_dir() -> Path:
+    """DEEPRING_IPC_DIR: where `deepring serve` creates its ipc:// socket files (default: the
+    system temporary directory). Keep it short: socket paths are limited to ~100 bytes."""
+    value = _raw("DEEPRING_IPC_DIR")
+    return Path(value).expanduser() if value else Path(tempfile.gettempdir())
+
+
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+
+
+def log_level() -> str:
+    """DEEPRING_LOG_LEVEL: DEBUG | INFO | WARNING | ERROR for every serving process (default
+    INFO)."""
+    value = _raw("DEEPRING_LOG_LEVEL")
+    if value is None:
+        return "INFO"
+    value = value.upper()
+    if value not in LOG_LEVELS:
+        raise ValueError(f"DEEPRING_LOG_LEVEL must be one of {LOG_LEVELS}, got {value!r}")
+    return value

@@ -1,0 +1,295 @@
+"""`deepring serve | frontend | prefill | decode | bench`: the serving subcommands.
+
+`serve` runs everything on this machine: the frontend in this process, prefill and decode
+workers as spawned child processes, linked by ipc:// rings in a fresh directory (or tcp://
+on free local ports). `frontend`, `prefill` and `decode` run one role each with explicit
+tcp:// endpoints, so the roles can live on different hosts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import socket
+import sys
+import tempfile
+from pathlib import Path
+
+from deepring import env
+from deepring.config import EngineSpec, FrontendConfig, ServeConfig, WorkerConfig
+
+
+def _add_engine_args(p: argparse.ArgumentParser, max_num_seqs: int = 64) -> None:
+    g = p.add_argument_group("model and caches")
+    g.add_argument("--model", default="tiny", help="model path or 'tiny' (embedded default)")
+    g.add_argument(
+        "--zero-cost",
+        action="store_true",
+        help="tokens without compute: measure the serving stack alone",
+    )
+    g.add_argument("--device", default=None, help="cpu | cuda[:N] (default: cuda when available)")
+    g.add_argument("--dtype", default=None, help="float32 | bfloat16 | float16 (default: auto)")
+    g.add_argument("--load-format", default="auto", choices=["auto", "dummy"])
+    g.add_argument("--max-model-len", type=int, default=4096)
+    g.add_argument(
+        "--max-num-seqs", type=int, default=max_num_seqs, help="batch slots of a (decode) worker"
+    )
+    g.add_argument(
+        "--max-num-batched-tokens",
+        type=int,
+        default=2048,
+        help="token budget of one engine step (chunked prefill)",
+    )
+    g.add_argument(
+        "--num-blocks",
+        type=int,
+        default=None,
+        help="KV blocks per worker (default: max-num-seqs full-length requests)",
+    )
+    g.add_argument(
+        "--cpu-threads",
+        type=int,
+        default=None,
+        help="torch threads per worker on CPU (default: DEEPRING_CPU_THREADS or 1)",
+    )
+
+
+def _engine_spec(args: argparse.Namespace, max_num_seqs: int | None = None) -> EngineSpec:
+    return EngineSpec(
+        model=args.model,
+        zero_cost=args.zero_cost,
+        device=args.device,
+        dtype=args.dtype,
+        load_format=args.load_format,
+        max_model_len=args.max_model_len,
+        max_num_seqs=max_num_seqs or args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        num_blocks=args.num_blocks,
+        cpu_threads=args.cpu_threads or env.cpu_threads() or 1,
+    )
+
+
+def _add_frontend_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("HTTP frontend")
+    g.add_argument("--host", default="127.0.0.1")
+    g.add_argument("--port", type=int, default=8000, help="0: any free port (printed)")
+    g.add_argument(
+        "--served-model-name",
+        default=None,
+        help="model name clients send (default: 'tiny' or the model directory name)",
+    )
+    g.add_argument(
+        "--tokenizer", default=None, help="tokenizer.json (default: the one the workers report)"
+    )
+    g.add_argument(
+        "--max-queued-requests",
+        type=int,
+        default=256,
+        help="requests allowed to wait beyond the decode slots before 429",
+    )
+    g.add_argument("--max-body-bytes", type=int, default=8 << 20)
+    g.add_argument(
+        "--drain-timeout",
+        type=float,
+        default=None,
+        help="seconds SIGTERM waits for in-flight requests (DEEPRING_DRAIN_TIMEOUT)",
+    )
+
+
+def _served_name(args: argparse.Namespace) -> str:
+    if args.served_model_name:
+        return args.served_model_name
+    return "tiny" if args.model == "tiny" else Path(args.model).name
+
+
+def _frontend_config(args: argparse.Namespace, ring: str, n_prefill: int, n_decode: int):
+    return FrontendConfig(
+        ring_addr=ring,
+        host=args.host,
+        port=args.port,
+        served_model_name=_served_name(args),
+        tokenizer=args.tokenizer,
+        expect_prefill=n_prefill,
+        expect_decode=n_decode,
+        max_queued_requests=args.max_queued_requests,
+        max_body_bytes=args.max_body_bytes,
+        drain_timeout=args.drain_timeout if args.drain_timeout is not None else env.drain_timeout(),
+        heartbeat_interval=env.heartbeat_interval(),
+        heartbeat_timeout=env.heartbeat_timeout(),
+    )
+
+
+def _free_tcp(host: str = "127.0.0.1") -> str:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return f"tcp://{host}:{s.getsockname()[1]}"
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from deepring.frontend import server
+
+    if args.num_prefill < 1 or args.num_decode < 1:
+        print("deepring serve: need at least one prefill and one decode worker", file=sys.stderr)
+        return 2
+    ipc_dir = None
+    if args.transport == "ipc":
+        base = env.ipc_dir()
+        base.mkdir(parents=True, exist_ok=True)
+        ipc_dir = tempfile.mkdtemp(prefix="deepring-", dir=base)
+
+        def addr(name: str) -> str:
+            return f"ipc://{ipc_dir}/{name}"
+    else:
+
+        def addr(name: str) -> str:
+            return _free_tcp()
+
+    try:
+        try:
+            decode_spec = _engine_spec(args)
+            prefill_spec = _engine_spec(args, max_num_seqs=args.prefill_max_num_seqs)
+            fe = _frontend_config(args, addr("ring"), args.num_prefill, args.num_decode)
+            common = {
+                "frontend_addr": fe.ring_addr,
+                "parent_pid": os.getpid(),
+                "heartbeat_interval": fe.heartbeat_interval,
+                "heartbeat_timeout": fe.heartbeat_timeout,
+            }
+            workers = [
+                WorkerConfig(role="prefill", index=i, engine=prefill_spec, **common)
+                for i in range(args.num_prefill)
+            ]
+            for i in range(args.num_decode):
+                h = addr(f"handoff-{i}")
+                workers.append(
+                    WorkerConfig(
+                        role="decode", index=i, engine=decode_spec, handoff_bind=h, **common
+                    )
+                )
+            cfg = ServeConfig(frontend=fe, workers=tuple(workers))
+        except ValueError as e:
+            print(f"deepring serve: {e}", file=sys.stderr)
+            return 2
+        from deepring.worker.process import setup_logging
+
+        setup_logging("frontend")
+        return server.run(cfg.frontend, cfg.workers)
+    finally:
+        if ipc_dir is not None:
+            shutil.rmtree(ipc_dir, ignore_errors=True)
+
+
+def _frontend(args: argparse.Namespace) -> int:
+    from deepring.frontend import server
+    from deepring.worker.process import setup_logging
+
+    try:
+        fe = _frontend_config(args, args.ring, args.num_prefill, args.num_decode)
+    except ValueError as e:
+        print(f"deepring frontend: {e}", file=sys.stderr)
+        return 2
+    setup_logging("frontend")
+    return server.run(fe)
+
+
+def _worker(args: argparse.Namespace) -> int:
+    from deepring.worker.process import run_worker
+
+    try:
+        cfg = WorkerConfig(
+            role=args.command,
+            index=args.index,
+            frontend_addr=args.frontend,
+            engine=_engine_spec(args),
+            handoff_bind=getattr(args, "handoff_bind", None),
+            handoff_addr=getattr(args, "handoff_addr", None),
+            heartbeat_interval=env.heartbeat_interval(),
+            heartbeat_timeout=env.heartbeat_timeout(),
+        )
+    except ValueError as e:
+        print(f"deepring {args.command}: {e}", file=sys.stderr)
+        return 2
+    return run_worker(cfg)
+
+
+def add_serving_commands(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("serve", help="frontend + prefill + decode on this machine")
+    _add_frontend_args(p)
+    _add_engine_args(p)
+    g = p.add_argument_group("processes")
+    g.add_argument("--num-prefill", type=int, default=1, help="prefill worker processes")
+    g.add_argument("--num-decode", type=int, default=1, help="decode worker processes")
+    g.add_argument(
+        "--prefill-max-num-seqs",
+        type=int,
+        default=32,
+        help="requests a prefill worker prefills at once",
+    )
+    g.add_argument(
+        "--transport",
+        choices=["ipc", "tcp"],
+        default="ipc",
+        help="ipc:// sockets in a fresh directory under DEEPRING_IPC_DIR, or local tcp:// ports",
+    )
+    p.set_defaults(func=_serve)
+
+    p = sub.add_parser("frontend", help="the HTTP frontend alone (workers connect to --ring)")
+    p.add_argument("--ring", required=True, help="endpoint to bind for workers, e.g. tcp://*:5555")
+    p.add_argument("--num-prefill", type=int, default=1, help="prefill workers to wait for")
+    p.add_argument("--num-decode", type=int, default=1, help="decode workers to wait for")
+    p.add_argument("--model", default="tiny", help="only names the served model")
+    _add_frontend_args(p)
+    p.set_defaults(func=_frontend)
+
+    for role, text in (("prefill", "one prefill worker"), ("decode", "one decode worker")):
+        p = sub.add_parser(role, help=text)
+        p.add_argument("--frontend", required=True, help="the frontend's --ring endpoint")
+        p.add_argument("--index", type=int, default=0, help="worker number within its role")
+        if role == "decode":
+            p.add_argument(
+                "--handoff-bind",
+                required=True,
+                help="endpoint to bind for handoffs, e.g. tcp://*:5601",
+            )
+            p.add_argument(
+                "--handoff-addr",
+                default=None,
+                help="that endpoint as prefill hosts reach it (default: as bound)",
+            )
+        _add_engine_args(p, max_num_seqs=64 if role == "decode" else 32)
+        p.set_defaults(func=_worker)
+
+
+def add_bench_command(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("bench", help="streaming load against a running server")
+    p.add_argument("--url", default="http://127.0.0.1:8000")
+    p.add_argument("--model", default="tiny")
+    p.add_argument("--concurrency", default="1,8,32,64", help="comma-separated client counts")
+    p.add_argument("--requests", type=int, default=4, help="requests per client")
+    p.add_argument("--prompt-len", type=int, default=128, help="prompt words (random)")
+    p.add_argument("--max-tokens", type=int, default=128)
+    p.add_argument("--seed", type=int, default=0)
+    p.set_defaults(func=_bench)
+
+
+def _bench(args: argparse.Namespace) -> int:
+    from deepring import loadgen
+
+    try:
+        levels = [int(c) for c in args.concurrency.split(",")]
+    except ValueError:
+        print(
+            f"--concurrency takes comma-separated integers, got {args.concurrency!r}",
+            file=sys.stderr,
+        )
+        return 2
+    rows = []
+    for c in levels:
+        rows.append(
+            loadgen.run(
+                args.url, args.model, c, args.requests, args.prompt_len, args.max_tokens, args.seed
+            )
+        )
+    print(loadgen.table(rows))
+    return 0

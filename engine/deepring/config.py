@@ -1,0 +1,152 @@
+"""Configuration of the serving processes, one frozen dataclass per role.
+
+Every address and port comes from here (filled from the command line or chosen freely by
+`deepring serve`); nothing in the serving code hard-codes an endpoint. Environment variables
+are read in env.py only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+ROLES = ("prefill", "decode")
+_ADDR_SCHEMES = ("ipc://", "tcp://", "inproc://")
+
+
+def check_address(name: str, addr: str) -> None:
+    if not isinstance(addr, str) or not addr.startswith(_ADDR_SCHEMES):
+        raise ValueError(f"{name} must be a ZeroMQ endpoint (ipc://, tcp://), got {addr!r}")
+
+
+@dataclass(frozen=True)
+class EngineSpec:
+    """What a worker serves and how big its caches are."""
+
+    model: str = "tiny"
+    zero_cost: bool = False  # tokens without compute: measures the serving stack alone
+    device: str | None = None  # None: cuda when available, else cpu
+    dtype: str | None = None
+    load_format: str = "auto"
+    seed: int = 0
+    max_model_len: int = 4096
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 2048
+    num_blocks: int | None = None  # None: room for max_num_seqs requests of max_model_len
+    block_size: int = 128
+    cpu_threads: int | None = 1  # torch intra-op threads on CPU (roles share the cores)
+
+    def __post_init__(self) -> None:
+        if self.max_model_len < 2:
+            raise ValueError("max_model_len must be >= 2")
+        for name in ("max_num_seqs", "max_num_batched_tokens", "block_size"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1")
+        if self.num_blocks is not None and self.num_blocks < self.blocks_per_seq + 1:
+            raise ValueError(
+                f"num_blocks ({self.num_blocks}) must hold one request of max_model_len "
+                f"({self.blocks_per_seq} blocks) plus the reserved block"
+            )
+        if self.cpu_threads is not None and self.cpu_threads < 1:
+            raise ValueError("cpu_threads must be >= 1")
+
+    @property
+    def blocks_per_seq(self) -> int:
+        return -(-self.max_model_len // self.block_size)
+
+    @property
+    def total_blocks(self) -> int:
+        return self.num_blocks or self.max_num_seqs * self.blocks_per_seq + 1
+
+
+@dataclass(frozen=True)
+class WorkerConfig:
+    """One prefill or decode process."""
+
+    role: str
+    index: int
+    frontend_addr: str  # the frontend's ring endpoint (this worker connects to it)
+    engine: EngineSpec
+    handoff_bind: str | None = None  # decode: where prefill workers deliver handoffs
+    handoff_addr: str | None = None  # decode: that endpoint as prefill workers reach it
+    parent_pid: int | None = None  # supervised: exit when this process goes away
+    heartbeat_interval: float = 1.0
+    heartbeat_timeout: float = 10.0
+    stats_interval: float = 0.25  # load reports while busy (the router reads them)
+
+    def __post_init__(self) -> None:
+        if self.role not in ROLES:
+            raise ValueError(f"role must be one of {ROLES}, got {self.role!r}")
+        if self.index < 0:
+            raise ValueError("worker index must be >= 0")
+        check_address("frontend_addr", self.frontend_addr)
+        if self.role == "decode":
+            if self.handoff_bind is None:
+                raise ValueError("a decode worker needs a handoff endpoint to bind")
+            check_address("handoff_bind", self.handoff_bind)
+            check_address("handoff_addr", self.handoff_addr or self.handoff_bind)
+        if not 0 < self.heartbeat_interval < self.heartbeat_timeout:
+            raise ValueError("need 0 < heartbeat_interval < heartbeat_timeout")
+
+    @property
+    def worker_id(self) -> str:
+        return f"{self.role}-{self.index}"
+
+    @property
+    def advertised_handoff(self) -> str | None:
+        return self.handoff_addr or self.handoff_bind
+
+
+@dataclass(frozen=True)
+class FrontendConfig:
+    """The HTTP frontend and the ring endpoint the workers connect to."""
+
+    ring_addr: str  # bound by the frontend
+    host: str = "127.0.0.1"
+    port: int = 8000
+    served_model_name: str = "tiny"
+    tokenizer: str | None = None  # tokenizer.json; None: the path the first worker reports
+    expect_prefill: int = 1  # ready only when this many prefill workers are registered
+    expect_decode: int = 1
+    max_queued_requests: int = 256  # requests waiting beyond the decode slots; then 429
+    max_body_bytes: int = 8 << 20  # larger request bodies get 413
+    drain_timeout: float = 30.0
+    heartbeat_interval: float = 1.0
+    heartbeat_timeout: float = 10.0
+    keepalive_timeout: float = 75.0  # idle HTTP connections are closed after this
+
+    def __post_init__(self) -> None:
+        check_address("ring_addr", self.ring_addr)
+        if not 0 <= self.port < 65536:
+            raise ValueError(f"port must be in [0, 65535], got {self.port}")
+        if self.expect_prefill < 1 or self.expect_decode < 1:
+            raise ValueError("need at least one prefill and one decode worker")
+        if self.max_queued_requests < 0:
+            raise ValueError("max_queued_requests must be >= 0")
+        if self.max_body_bytes < 1024:
+            raise ValueError("max_body_bytes must be >= 1024")
+        if not self.served_model_name:
+            raise ValueError("served_model_name must not be empty")
+        if self.drain_timeout < 0:
+            raise ValueError("drain_timeout must be >= 0")
+        if not 0 < self.heartbeat_interval < self.heartbeat_timeout:
+            raise ValueError("need 0 < heartbeat_interval < heartbeat_timeout")
+
+
+@dataclass(frozen=True)
+class ServeConfig:
+    """`deepring serve`: a frontend and the local worker processes it supervises."""
+
+    frontend: FrontendConfig
+    workers: tuple[WorkerConfig, ...]
+
+    def __post_init__(self) -> None:
+        ids = [w.worker_id for w in self.workers]
+        if len(set(ids)) != len(ids):
+            raise ValueError(f"duplicate worker ids: {ids}")
+        for role, want in (
+            ("prefill", self.frontend.expect_prefill),
+            ("decode", self.frontend.expect_decode),
+        ):
+            have = sum(w.role == role for w in self.workers)
+            if have != want:
+                raise ValueError(f"{have} {role} workers configured, frontend expects {want}")

@@ -1,0 +1,185 @@
+"""HTTP routes of the frontend.
+
+POST /v1/chat/completions, /v1/responses, /v1/messages  generation (SSE or JSON)
+GET  /v1/models                                         the served model
+GET  /health                                            200 when every worker is ready
+GET  /metrics                                           Prometheus text format
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+
+from deepring.config import FrontendConfig
+from deepring.frontend.client import EngineClient, Overloaded
+from deepring.frontend.errors import ApiError, error_body
+from deepring.frontend.http import HttpRequest
+from deepring.frontend.metrics import Metrics
+from deepring.frontend.protocols import CHAT, MESSAGES, RESPONSES, Api, Recipe
+from deepring.frontend.stream import JsonSink, SseSink
+
+log = logging.getLogger("deepring.frontend")
+
+# Bodies above this are converted and encoded on a worker thread (the Rust calls release the
+# GIL), so one long prompt does not stall every stream.
+_OFFLOAD_BYTES = 32 << 10
+
+_GENERATE = {"/v1/chat/completions": CHAT, "/v1/responses": RESPONSES, "/v1/messages": MESSAGES}
+
+
+class App:
+    def __init__(self, config: FrontendConfig, client: EngineClient, metrics: Metrics) -> None:
+        self.config = config
+        self.client = client
+        self.metrics = metrics
+        self.recipe: Recipe | None = None
+        self.recipe_error: str | None = None
+        self.draining = False
+        self.started_at = int(time.time())
+
+    def load_recipe(self) -> None:
+        """Build the protocol objects once the tokenizer is known (from config or a worker)."""
+        if self.recipe is not None:
+            return
+        path = self.config.tokenizer or self.client.info("tokenizer")
+        if path is None:
+            self.recipe_error = "no tokenizer: start the frontend with --tokenizer"
+            return
+        try:
+            self.recipe = Recipe(path, self.config.served_model_name)
+            self.recipe_error = None
+        except (RuntimeError, ValueError, OSError) as e:
+            self.recipe_error = str(e)
+            log.error("cannot serve generation requests: %s", e)
+
+    async def handle(self, req: HttpRequest) -> None:
+        path = req.path.rstrip("/") or "/"
+        try:
+            api = _GENERATE.get(path)
+            if api is not None:
+                if req.method != "POST":
+                    raise ApiError(405, f"{path} takes POST")
+                await self._generate(api, req)
+            elif path == "/v1/models":
+                self._models(req)
+            elif path == "/health":
+                self._health(req)
+            elif path == "/metrics":
+                self._metrics(req)
+            else:
+                raise ApiError(404, f"no route for {req.method} {req.path}")
+        except ApiError as e:
+            if not req.started:
+                req.respond(e.status, e.body(path), headers=e.headers)
+
+    # ---- generation ----------------------------------------------------------------------------
+
+    async def _generate(self, api: Api, req: HttpRequest) -> None:
+        if self.draining:
+            raise ApiError(503, "the server is shutting down", headers=[("retry-after", "5")])
+        if self.recipe is None:
+            self.load_recipe()
+        recipe = self.recipe
+        if recipe is None:
+            raise ApiError(
+                503, self.recipe_error or "the server is starting", headers=[("retry-after", "2")]
+            )
+        max_model_len = self.client.info("max_model_len")
+        if max_model_len is None:
+            raise ApiError(503, "the server is starting", headers=[("retry-after", "2")])
+
+        def prepare():
+            cls, conv, model, extras = recipe.convert(api, req.body)
+            ids = recipe.encode(conv)
+            return recipe.finish(api, cls, conv, model, extras, ids, int(max_model_len))
+
+        if len(req.body) > _OFFLOAD_BYTES:
+            prep = await asyncio.get_running_loop().run_in_executor(None, prepare)
+        else:
+            prep = prepare()
+        if req.disconnected:
+            return
+        eos = frozenset(self.client.info("eos_token_ids") or ())
+        sink_cls = SseSink if prep.stream else JsonSink
+        sink = sink_cls(req, prep, eos, recipe.R)
+        sampling = {**prep.sampling, "top_k": -1, "ignore_eos": False}
+        try:
+            rid = self.client.submit(prep.prompt_ids, sampling, prep.seed, sink)
+        except Overloaded as e:
+            prep.processor.close()
+            raise ApiError(429, str(e), headers=[("retry-after", str(e.retry_after))]) from None
+
+        def disconnected() -> None:
+            if rid in self.client.requests:
+                log.info("client disconnected: aborting %s", prep.response_id)
+                self.client.abort(rid)
+                sink.closed = True
+
+        req.on_disconnect = disconnected
+
+    # ---- the rest ------------------------------------------------------------------------------
+
+    def _models(self, req: HttpRequest) -> None:
+        body = {
+            "object": "list",
+            "data": [
+                {
+                    "id": self.config.served_model_name,
+                    "object": "model",
+                    "created": self.started_at,
+                    "owned_by": "deepring",
+                    "max_model_len": self.client.info("max_model_len"),
+                }
+            ],
+        }
+        req.respond(200, json.dumps(body).encode())
+
+    def status(self) -> str:
+        if self.draining:
+            return "draining"
+        if not self.client.ready:
+            return "starting" if not self.client.workers else "degraded"
+        return "ok"
+
+    def _workers(self) -> list[dict]:
+        out = []
+        for w in sorted(self.client.workers.values(), key=lambda w: w.id):
+            s = w.stats
+            out.append(
+                {
+                    "worker": w.id,
+                    "role": w.role,
+                    "pid": w.pid,
+                    "up": 1 if w.load.ready else 0,
+                    "queue_length": s.waiting if s else 0,
+                    "running_requests": s.running if s else 0,
+                    "kv_blocks_used": s.used_blocks if s else 0,
+                    "kv_blocks_total": s.num_blocks if s else w.load.num_blocks,
+                }
+            )
+        return out
+
+    def _health(self, req: HttpRequest) -> None:
+        status = self.status()
+        body = {
+            "status": status,
+            "model": self.config.served_model_name,
+            "requests_in_flight": len(self.client.requests),
+            "workers": self._workers(),
+        }
+        req.respond(200 if status == "ok" else 503, json.dumps(body).encode())
+
+    def _metrics(self, req: HttpRequest) -> None:
+        frontend = {
+            "requests_in_flight": len(self.client.requests),
+            "requests_queued": self.client.queued,
+            "draining": 1 if self.draining else 0,
+        }
+        text = self.metrics.render(frontend, self._workers())
+        req.respond(200, text.encode(), content_type="text/plain; version=0.0.4")
+
+
+__all__ = ["App", "error_body"]

@@ -1,0 +1,515 @@
+"""The frontend's side of the rings: worker registry, routing, and each request's token stream.
+
+Everything runs on the frontend's event loop. The ROUTER socket's file descriptor is watched
+with add_reader; one wake-up drains every waiting message, gathers the new tokens per request,
+and only then hands each request its tokens in one piece. Under load that batches tokens per
+delivery (fewer protocol events, fewer writes), which is what keeps the frontend ahead of the
+workers.
+
+A request's life: submit -> (queued while no worker of a role is ready) -> Submit to the chosen
+prefill worker -> first token from prefill -> later tokens from decode, ordered by their
+output offsets (the two workers' messages may arrive in either order) -> finished, failed, or
+aborted. A worker that exits, stops answering heartbeats, or comes back as a new incarnation
+fails the requests it held, with a message saying which worker and why.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import os
+import random
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import numpy as np
+import zmq
+
+from deepring.config import FrontendConfig
+from deepring.frontend.metrics import Metrics
+from deepring.ipc import sockets
+from deepring.ipc.codec import decode
+from deepring.ipc.messages import Abort, Health, Message, Shutdown, Stats, Submit, Tokens
+from deepring.router import Router, WorkerLoad
+
+log = logging.getLogger("deepring.frontend")
+
+# Messages taken per event-loop wake-up before giving HTTP I/O a turn.
+_READ_BUDGET = 256
+
+
+class Overloaded(Exception):
+    """The request queue is full (HTTP 429)."""
+
+    def __init__(self, message: str, retry_after: int) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+class Unavailable(Exception):
+    """The server is not taking requests (HTTP 503): shutting down."""
+
+
+class Sink(Protocol):
+    """Where a request's output goes (an SSE stream or a response being accumulated)."""
+
+    def start(self, cache_hit: int) -> None:
+        """The first token is here; cache_hit prompt tokens were served from cache."""
+
+    def tokens(self, ids: list[int], finish: str | None) -> bool:
+        """New tokens, in order; finish ("stop" | "length") with the last ones. Returns True
+        when the sink needs no more (a stop sequence matched): the request is then aborted."""
+
+    def error(self, message: str) -> None:
+        """The request failed; nothing more will come."""
+
+
+@dataclass(eq=False)
+class RequestState:
+    rid: int
+    prompt_ids: np.ndarray
+    sampling: dict
+    seed: int
+    sink: Sink
+    arrival: float
+    prefill: str | None = None
+    decode: str | None = None
+    stage: str = "queued"  # queued | prefill | decode
+    cache_hit: int = 0
+    next_offset: int = 0
+    received: int = 0  # tokens received (in order or not), counted on the decode worker's load
+    ready_ids: list[int] = field(default_factory=list)
+    stash: dict[int, list[int]] = field(default_factory=dict)
+    final: tuple[str, int] | None = None
+    started: bool = False
+    first_at: float = 0.0
+    touched: bool = False
+
+    def add(self, offset: int, ids: list[int]) -> None:
+        if offset == self.next_offset:
+            self.ready_ids.extend(ids)
+            self.next_offset += len(ids)
+            while self.next_offset in self.stash:
+                more = self.stash.pop(self.next_offset)
+                self.ready_ids.extend(more)
+                self.next_offset += len(more)
+        elif offset > self.next_offset:
+            self.stash[offset] = ids
+        # offset < next_offset: already delivered (a duplicate); drop it.
+
+
+@dataclass(eq=False)
+class WorkerState:
+    id: str
+    role: str
+    gen: int
+    pid: int
+    info: dict
+    last_seen: float
+    load: WorkerLoad
+    stats: Stats | None = None
+    rids: set[int] = field(default_factory=set)
+
+
+class EngineClient:
+    def __init__(self, config: FrontendConfig, metrics: Metrics | None = None) -> None:
+        self.config = config
+        self.metrics = metrics or Metrics()
+        self.ctx = zmq.Context(io_threads=1)
+        self.sock: zmq.Socket | None = None
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.workers: dict[str, WorkerState] = {}
+        self.requests: dict[int, RequestState] = {}
+        self.queue: deque[RequestState] = deque()
+        self.router = Router()
+        self.gen = random.SystemRandom().getrandbits(62) + 1
+        self._rids = itertools.count(1)
+        self.seen_pids: set[int] = set()  # workers that announced themselves ready
+        self._touched: list[RequestState] = []
+        self._read_scheduled = False
+        self._beat_handle: asyncio.TimerHandle | None = None
+        self._ready_event: asyncio.Event | None = None
+        self.closed = False
+
+    # ---- life cycle ----------------------------------------------------------------------------
+
+    def start(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.sock = sockets.router(self.ctx, self.config.ring_addr)
+        loop.add_reader(self.sock.getsockopt(zmq.FD), self._on_readable)
+        self._ready_event = asyncio.Event()
+        self._beat_handle = loop.call_later(self.config.heartbeat_interval, self._beat)
+        self._schedule_read()
+
+    async def wait_ready(self) -> None:
+        assert self._ready_event is not None, "start() first"
+        await self._ready_event.wait()
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        if self._beat_handle is not None:
+            self._beat_handle.cancel()
+        if self.sock is not None and self.loop is not None:
+            self.loop.remove_reader(self.sock.getsockopt(zmq.FD))
+        self.ctx.destroy(linger=0)
+        sockets.cleanup_ipc(self.config.ring_addr)
+
+    def shutdown_workers(self, drain: bool = False, timeout: float = 0.0) -> None:
+        for w in list(self.workers.values()):
+            self._send(w.id, Shutdown(drain=drain, timeout=timeout))
+
+    # ---- state ---------------------------------------------------------------------------------
+
+    def ready_workers(self, role: str) -> list[WorkerState]:
+        return [w for w in self.workers.values() if w.role == role and w.load.ready]
+
+    @property
+    def ready(self) -> bool:
+        return (
+            len(self.ready_workers("prefill")) >= self.config.expect_prefill
+            and len(self.ready_workers("decode")) >= self.config.expect_decode
+        )
+
+    @property
+    def capacity(self) -> int:
+        """Requests the ready decode workers can run at once."""
+        return sum(w.load.num_slots for w in self.ready_workers("decode"))
+
+    def info(self, key: str):
+        """A fact every worker reports the same (max_model_len, tokenizer, eos ids, ...)."""
+        for w in self.workers.values():
+            if key in w.info:
+                return w.info[key]
+        return None
+
+    # ---- requests ------------------------------------------------------------------------------
+
+    def submit(self, prompt_ids: list[int], sampling: dict, seed: int, sink: Sink) -> int:
+        """Queue a request; its output goes to `sink`. Raises Overloaded when full."""
+        limit = self.capacity + self.config.max_queued_requests
+        if len(self.requests) >= limit:
+            raise Overloaded(
+                f"the server is at capacity ({len(self.requests)} requests in flight, "
+                f"limit {limit}); retry later",
+                retry_after=1,
+            )
+        rid = next(self._rids)
+        st = RequestState(
+            rid=rid,
+            prompt_ids=np.asarray(prompt_ids, dtype=np.int32),
+            sampling=sampling,
+            seed=seed,
+            sink=sink,
+            arrival=time.monotonic(),
+        )
+        self.requests[rid] = st
+        self.metrics.prompt_tokens += len(prompt_ids)
+        if not self._dispatch(st):
+            self.queue.append(st)
+        return rid
+
+    def abort(self, rid: int, reason: str = "client disconnected") -> None:
+        """Stop a request (its worker frees its blocks on its next loop turn)."""
+        st = self.requests.pop(rid, None)
+        if st is None:
+            return
+        self._release(st)
+        self._abort_on_workers(st, reason)
+        self.metrics.request_done("aborted")
+
+    @property
+    def queued(self) -> int:
+        return len(self.queue)
+
+    def _dispatch(self, st: RequestState) -> bool:
+        n = len(st.prompt_ids)
+        pre = self.router.pick_prefill([w.load for w in self.ready_workers("prefill")], n)
+        dec = self.router.pick_decode([w.load for w in self.ready_workers("decode")], n)
+        if pre is None or dec is None:
+            return False
+        p, d = self.workers[pre.worker], self.workers[dec.worker]
+        msg = Submit(
+            rid=st.rid,
+            prompt_ids=st.prompt_ids,
+            sampling=st.sampling,
+            seed=st.seed,
+            decode_worker=d.id,
+            decode_gen=d.gen,
+            decode_addr=d.info.get("handoff_addr") or "",
+        )
+        if not self._send(p.id, msg):
+            return False
+        st.prefill, st.decode, st.stage = p.id, d.id, "prefill"
+        p.rids.add(st.rid)
+        p.load.requests += 1
+        p.load.queued_tokens += n
+        d.rids.add(st.rid)
+        d.load.requests += 1
+        d.load.used_tokens += n
+        return True
+
+    def _dispatch_queued(self) -> None:
+        while self.queue:
+            st = self.queue[0]
+            if st.rid not in self.requests:
+                self.queue.popleft()
+                continue
+            if not self._dispatch(st):
+                return
+            self.queue.popleft()
+
+    def _release(self, st: RequestState) -> None:
+        """Take a finished request off its workers' books."""
+        n = len(st.prompt_ids)
+        p = self.workers.get(st.prefill) if st.prefill else None
+        if p is not None and st.rid in p.rids:
+            p.rids.discard(st.rid)
+            p.load.requests -= 1
+            if st.stage == "prefill":
+                p.load.queued_tokens -= n
+        d = self.workers.get(st.decode) if st.decode else None
+        if d is not None and st.rid in d.rids:
+            d.rids.discard(st.rid)
+            d.load.requests -= 1
+            d.load.used_tokens -= n + st.received
+        if st.stage == "queued":
+            with contextlib.suppress(ValueError):
+                self.queue.remove(st)
+        st.stage = "done"
+
+    def _abort_on_workers(self, st: RequestState, reason: str) -> None:
+        for wid in {st.prefill, st.decode} - {None}:
+            if wid in self.workers:
+                self._send(wid, Abort(rids=[st.rid], reason=reason))  # type: ignore[arg-type]
+
+    def fail_all(self, message: str) -> None:
+        for st in list(self.requests.values()):
+            self._fail(st, message)
+
+    def _fail(self, st: RequestState, message: str) -> None:
+        if self.requests.pop(st.rid, None) is None:
+            return
+        self._release(st)
+        self._abort_on_workers(st, "failed")
+        self.metrics.request_done("error")
+        st.sink.error(message)
+
+    # ---- workers -------------------------------------------------------------------------------
+
+    def worker_lost(self, wid: str, why: str) -> None:
+        """A worker is gone (exited, silent, or replaced): fail what it held."""
+        w = self.workers.pop(wid, None)
+        if w is None:
+            return
+        log.warning("worker %s lost: %s", wid, why)
+        message = f"{w.role} worker {wid} {why}; the request was aborted"
+        for rid in list(w.rids):
+            st = self.requests.get(rid)
+            if st is not None:
+                self._fail(st, message)
+        if self._ready_event is not None and not self.ready:
+            self._ready_event.clear()
+
+    def _register(self, wid: str, msg: Health) -> None:
+        old = self.workers.get(wid)
+        if old is not None and old.gen != msg.gen:
+            self.worker_lost(wid, f"was replaced by a new process (pid {msg.pid})")
+            old = None
+        if old is not None:
+            # The same incarnation announcing again: it lost contact and dropped its requests.
+            for rid in list(old.rids):
+                st = self.requests.get(rid)
+                if st is not None:
+                    self._fail(st, f"{old.role} worker {wid} lost contact with the frontend")
+            old.last_seen = time.monotonic()
+            return
+        info = dict(msg.info)
+        role = info.get("role")
+        if role not in ("prefill", "decode"):
+            log.warning("worker %s announced an unknown role %r", wid, role)
+            return
+        load = WorkerLoad(
+            worker=wid,
+            num_slots=int(info.get("num_slots", 1)),
+            num_blocks=int(info.get("num_blocks", 1)),
+        )
+        if role == "decode" and "block_size" in info:
+            self.router.block_size = int(info["block_size"])
+        self.workers[wid] = WorkerState(
+            id=wid,
+            role=role,
+            gen=msg.gen,
+            pid=msg.pid,
+            info=info,
+            last_seen=time.monotonic(),
+            load=load,
+        )
+        self.seen_pids.add(msg.pid)
+        log.info("worker %s ready (pid %d)", wid, msg.pid)
+        if self.ready and self._ready_event is not None:
+            self._ready_event.set()
+        self._dispatch_queued()
+
+    def _beat(self) -> None:
+        now = time.monotonic()
+        for w in list(self.workers.values()):
+            if now - w.last_seen > self.config.heartbeat_timeout:
+                self.worker_lost(w.id, f"sent no heartbeat for {now - w.last_seen:.0f}s")
+                continue
+            self._send(
+                w.id,
+                Health(worker="frontend", gen=self.gen, state="alive", pid=os.getpid(), info={}),
+            )
+        if self.loop is not None and not self.closed:
+            self._beat_handle = self.loop.call_later(self.config.heartbeat_interval, self._beat)
+
+    # ---- the socket ----------------------------------------------------------------------------
+
+    def _send(self, wid: str, msg: Message) -> bool:
+        if self.sock is None or self.closed:
+            return False
+        try:
+            sockets.send(self.sock, msg, to=wid.encode(), block=False)
+        except zmq.Again:
+            log.warning("ring to %s is full; dropped a %s message", wid, msg.TYPE)
+            return False
+        except zmq.ZMQError as e:
+            if e.errno != zmq.EHOSTUNREACH:
+                raise
+            return False
+        finally:
+            # Sending can consume the socket's read notification: look again soon.
+            self._schedule_read()
+        return True
+
+    def _schedule_read(self) -> None:
+        if not self._read_scheduled and self.loop is not None and not self.closed:
+            self._read_scheduled = True
+            self.loop.call_soon(self._on_readable)
+
+    def _on_readable(self) -> None:
+        self._read_scheduled = False
+        if self.closed or self.sock is None:
+            return
+        n = 0
+        for frames in sockets.drain(self.sock, _READ_BUDGET):
+            n += 1
+            wid = bytes(frames[0]).decode(errors="replace")
+            msg = decode(frames[1:], wid)
+            if msg is not None:
+                self._handle(wid, msg)
+        if n >= _READ_BUDGET:
+            self._schedule_read()
+        self._deliver()
+
+    def _handle(self, wid: str, msg: Message) -> None:
+        w = self.workers.get(wid)
+        if isinstance(msg, Health):
+            if msg.state == "ready":
+                self._register(wid, msg)
+            elif w is None or w.gen != msg.gen:
+                # A worker this frontend does not know (it restarted): ask it to introduce itself.
+                self._send(
+                    wid,
+                    Health(
+                        worker="frontend", gen=self.gen, state="announce", pid=os.getpid(), info={}
+                    ),
+                )
+            elif msg.state == "exiting":
+                self.worker_lost(wid, "shut down")
+            else:
+                w.last_seen = time.monotonic()
+            return
+        if w is None:
+            return  # from a worker that is gone or not registered yet
+        w.last_seen = time.monotonic()
+        if isinstance(msg, Tokens):
+            self._on_tokens(w, msg)
+        elif isinstance(msg, Stats):
+            if msg.gen == w.gen:
+                w.stats = msg
+        else:
+            log.warning("dropped an unexpected %s message from %s", msg.TYPE, wid)
+
+    def _on_tokens(self, w: WorkerState, msg: Tokens) -> None:
+        ids = msg.token_ids
+        pos = 0
+        requests = self.requests
+        touched = self._touched
+        for rid, offset, count in zip(msg.rids, msg.offsets, msg.counts, strict=True):
+            st = requests.get(rid)
+            chunk = ids[pos : pos + count]
+            pos += count
+            if st is None:
+                continue
+            if st.stage == "prefill" and w.role == "prefill":
+                self._prefilled(st, w)
+            st.add(offset, chunk.tolist())
+            st.received += count
+            d = self.workers.get(st.decode) if st.decode else None
+            if d is not None and rid in d.rids:
+                d.load.used_tokens += count
+            if not st.touched:
+                st.touched = True
+                touched.append(st)
+        for rid, hit in msg.cache_hits:
+            st = requests.get(rid)
+            if st is not None:
+                st.cache_hit = int(hit)
+        for rid, reason, total in msg.finished:
+            st = requests.get(rid)
+            if st is not None:
+                st.final = (str(reason), int(total))
+                if not st.touched:
+                    st.touched = True
+                    touched.append(st)
+        for rid, message in msg.errors:
+            st = requests.get(rid)
+            if st is not None:
+                self._fail(st, str(message))
+
+    def _prefilled(self, st: RequestState, w: WorkerState) -> None:
+        """The first token is in: the prompt is off the prefill worker's queue."""
+        st.stage = "decode"
+        if st.rid in w.rids:
+            w.rids.discard(st.rid)
+            w.load.requests -= 1
+            w.load.queued_tokens -= len(st.prompt_ids)
+
+    def _deliver(self) -> None:
+        if not self._touched:
+            return
+        touched, self._touched = self._touched, []
+        now = time.monotonic()
+        metrics = self.metrics
+        for st in touched:
+            st.touched = False
+            if st.rid not in self.requests:
+                continue
+            ids, st.ready_ids = st.ready_ids, []
+            final = st.final
+            finish = final[0] if final is not None and st.next_offset >= final[1] else None
+            if not ids and finish is None:
+                continue
+            if not st.started:
+                st.started = True
+                st.first_at = now
+                metrics.ttft.observe(now - st.arrival)
+                st.sink.start(st.cache_hit)
+            if ids:
+                metrics.tokens(len(ids), now)
+            done = st.sink.tokens(ids, finish)
+            if finish is not None or done:
+                self.requests.pop(st.rid, None)
+                self._release(st)
+                if finish is None:  # a stop sequence ended it early: free it in the engine
+                    self._abort_on_workers(st, "stop")
+                if st.next_offset > 1:
+                    metrics.tpot.observe((now - st.first_at) / (st.next_offset - 1))
+                metrics.request_done("finished")

@@ -1,0 +1,146 @@
+"""Prometheus metrics of the frontend (text exposition format 0.0.4), without a client library.
+
+Frontend-side: request counts by outcome, TTFT and TPOT histograms, prompt and generated token
+counters, generated tokens/s over a sliding window, queued requests. Worker-side gauges (queue
+length, running requests, KV blocks in use) come from the workers' Stats reports.
+"""
+
+from __future__ import annotations
+
+import bisect
+import time
+from collections import deque
+from collections.abc import Iterable
+
+TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+TPOT_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+
+
+class Histogram:
+    def __init__(self, name: str, help_text: str, buckets: tuple[float, ...]) -> None:
+        if list(buckets) != sorted(buckets):
+            raise ValueError("histogram buckets must be increasing")
+        self.name, self.help, self.buckets = name, help_text, buckets
+        self.counts = [0] * (len(buckets) + 1)
+        self.sum = 0.0
+        self.count = 0
+
+    def observe(self, value: float) -> None:
+        self.counts[bisect.bisect_left(self.buckets, value)] += 1
+        self.sum += value
+        self.count += 1
+
+    def render(self) -> list[str]:
+        out = [f"# HELP {self.name} {self.help}", f"# TYPE {self.name} histogram"]
+        cum = 0
+        for b, c in zip(self.buckets, self.counts, strict=False):
+            cum += c
+            out.append(f'{self.name}_bucket{{le="{b}"}} {cum}')
+        out.append(f'{self.name}_bucket{{le="+Inf"}} {self.count}')
+        out.append(f"{self.name}_sum {self.sum}")
+        out.append(f"{self.name}_count {self.count}")
+        return out
+
+
+class Rate:
+    """Events per second over the last `window` seconds."""
+
+    def __init__(self, window: float = 10.0) -> None:
+        self.window = window
+        self._events: deque[tuple[float, int]] = deque()
+        self._total = 0
+
+    def add(self, n: int, now: float | None = None) -> None:
+        now = time.monotonic() if now is None else now
+        self._events.append((now, n))
+        self._total += n
+        self._trim(now)
+
+    def _trim(self, now: float) -> None:
+        while self._events and self._events[0][0] < now - self.window:
+            self._total -= self._events.popleft()[1]
+
+    def value(self, now: float | None = None) -> float:
+        now = time.monotonic() if now is None else now
+        self._trim(now)
+        return self._total / self.window
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self.ttft = Histogram(
+            "deepring_time_to_first_token_seconds", "Time to first token.", TTFT_BUCKETS
+        )
+        self.tpot = Histogram(
+            "deepring_time_per_output_token_seconds",
+            "Time per output token after the first, per request.",
+            TPOT_BUCKETS,
+        )
+        self.requests: dict[str, int] = {}
+        self.prompt_tokens = 0
+        self.generated_tokens = 0
+        self.rate = Rate()
+
+    def request_done(self, outcome: str) -> None:
+        self.requests[outcome] = self.requests.get(outcome, 0) + 1
+
+    def tokens(self, n: int, now: float) -> None:
+        self.generated_tokens += n
+        self.rate.add(n, now)
+
+    def render(self, frontend: dict[str, float], workers: Iterable[dict]) -> str:
+        lines: list[str] = []
+
+        def metric(name: str, kind: str, help_text: str, samples: list[tuple[str, float]]) -> None:
+            lines.append(f"# HELP {name} {help_text}")
+            lines.append(f"# TYPE {name} {kind}")
+            lines.extend(f"{name}{labels} {value}" for labels, value in samples)
+
+        metric(
+            "deepring_requests_total",
+            "counter",
+            "Finished requests by outcome.",
+            [(f'{{outcome="{k}"}}', v) for k, v in sorted(self.requests.items())],
+        )
+        metric(
+            "deepring_prompt_tokens_total",
+            "counter",
+            "Prompt tokens submitted.",
+            [("", self.prompt_tokens)],
+        )
+        metric(
+            "deepring_generation_tokens_total",
+            "counter",
+            "Tokens generated.",
+            [("", self.generated_tokens)],
+        )
+        metric(
+            "deepring_generation_tokens_per_second",
+            "gauge",
+            f"Generated tokens per second over the last {self.rate.window:.0f}s.",
+            [("", round(self.rate.value(), 3))],
+        )
+        for name, value in frontend.items():
+            metric(
+                f"deepring_frontend_{name}",
+                "gauge",
+                f"Frontend {name.replace('_', ' ')}.",
+                [("", value)],
+            )
+        lines.extend(self.ttft.render())
+        lines.extend(self.tpot.render())
+        workers = list(workers)
+        for key, help_text in (
+            ("queue_length", "Requests queued in the worker."),
+            ("running_requests", "Requests in the worker's running batch."),
+            ("kv_blocks_used", "KV cache blocks in use."),
+            ("kv_blocks_total", "KV cache blocks in the pool."),
+            ("up", "1 when the worker is registered and ready."),
+        ):
+            metric(
+                f"deepring_worker_{key}",
+                "gauge",
+                help_text,
+                [(f'{{worker="{w["worker"]}",role="{w["role"]}"}}', w[key]) for w in workers],
+            )
+        return "\n".join(lines) + "\n"

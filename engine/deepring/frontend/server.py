@@ -1,0 +1,98 @@
+"""Running the frontend: `deepring serve` (with local workers) and `deepring frontend`.
+
+Start-up: bind the ring, listen on HTTP at once (/health answers 503 "starting" until every
+expected worker is ready), start the local workers, print one line when ready.
+SIGTERM / SIGINT: stop taking connections and requests (503), let in-flight requests finish
+for up to the drain timeout, end the rest with an error, stop the workers, exit 0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import sys
+import time
+
+from deepring.config import FrontendConfig, WorkerConfig
+from deepring.frontend.app import App
+from deepring.frontend.client import EngineClient
+from deepring.frontend.errors import error_body
+from deepring.frontend.http import HttpServer
+from deepring.frontend.metrics import Metrics
+
+log = logging.getLogger("deepring.frontend")
+
+
+async def serve(config: FrontendConfig, workers: tuple[WorkerConfig, ...] = ()) -> int:
+    loop = asyncio.get_running_loop()
+    metrics = Metrics()
+    client = EngineClient(config, metrics)
+    client.start(loop)
+    app = App(config, client, metrics)
+    http = HttpServer(app.handle, error_body, config.max_body_bytes, config.keepalive_timeout)
+    stop = asyncio.Event()
+    fatal: list[str] = []
+
+    def on_fatal(message: str) -> None:
+        fatal.append(message)
+        stop.set()
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    supervisor = None
+    try:
+        port = await http.start(config.host, config.port)
+        url = f"http://{config.host}:{port}"
+        print(f"deepring: listening on {url} (waiting for workers)", flush=True)
+        if workers:
+            from deepring.frontend.supervisor import Supervisor
+
+            supervisor = Supervisor(workers, client, on_fatal)
+            supervisor.start()
+        ready = asyncio.ensure_future(client.wait_ready())
+        stopped = asyncio.ensure_future(stop.wait())
+        await asyncio.wait({ready, stopped}, return_when=asyncio.FIRST_COMPLETED)
+        ready.cancel()
+        if not stop.is_set():
+            app.load_recipe()
+            print(f"deepring: ready on {url} (model {config.served_model_name!r})", flush=True)
+            await stopped
+        else:
+            stopped.cancel()
+        await _drain(app, client, http, config.drain_timeout if not fatal else 0.0)
+    finally:
+        if supervisor is not None:
+            await supervisor.stop()
+        http.close_all()
+        client.close()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(sig)
+    if fatal:
+        print(f"deepring: {fatal[0]}", file=sys.stderr, flush=True)
+        return 1
+    print("deepring: stopped", flush=True)
+    return 0
+
+
+async def _drain(app: App, client: EngineClient, http: HttpServer, timeout: float) -> None:
+    app.draining = True
+    http.stop_listening()
+    n = len(client.requests)
+    if n:
+        log.info("draining %d in-flight requests (up to %.0fs)", n, timeout)
+    deadline = time.monotonic() + timeout
+    while client.requests and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+    client.fail_all("the server shut down before the request finished")
+    # Give the last writes a moment to reach the sockets.
+    await asyncio.sleep(0.05)
+
+
+def run(config: FrontendConfig, workers: tuple[WorkerConfig, ...] = ()) -> int:
+    """Run the frontend (and its local workers) until SIGTERM; returns the exit code."""
+    try:
+        import uvloop
+    except ImportError:  # uvloop is not available on every platform
+        return asyncio.run(serve(config, workers))
+    return uvloop.run(serve(config, workers))

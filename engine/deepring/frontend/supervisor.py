@@ -1,0 +1,115 @@
+"""Local worker processes of `deepring serve`: start (spawn), watch, restart, stop.
+
+Each worker is a fresh interpreter (multiprocessing's spawn start method, never fork: the
+frontend holds sockets, threads and an event loop that a forked child must not inherit). Its
+exit is noticed at once through the process sentinel on the event loop; the frontend then
+fails the requests it held and the supervisor starts a new incarnation after a short backoff.
+A worker that dies before it ever became ready is a configuration or start-up error: the
+supervisor reports it and gives up instead of looping.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import multiprocessing
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from deepring.config import WorkerConfig
+from deepring.frontend.client import EngineClient
+from deepring.worker.process import run_worker
+
+log = logging.getLogger("deepring.supervisor")
+
+_BACKOFF_START = 0.5
+_BACKOFF_MAX = 10.0
+# A worker that stayed up this long restarts without backoff next time.
+_STABLE_AFTER = 60.0
+
+
+@dataclass(eq=False)
+class _Child:
+    config: WorkerConfig
+    process: multiprocessing.process.BaseProcess
+    started: float
+    backoff: float = _BACKOFF_START
+
+
+class Supervisor:
+    def __init__(
+        self,
+        configs: tuple[WorkerConfig, ...],
+        client: EngineClient,
+        on_fatal: Callable[[str], None],
+    ) -> None:
+        self.configs = configs
+        self.client = client
+        self.on_fatal = on_fatal
+        self.ctx = multiprocessing.get_context("spawn")
+        self.children: dict[str, _Child] = {}
+        self.stopping = False
+        self.restarts = 0
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        for cfg in self.configs:
+            self._spawn(cfg, _BACKOFF_START)
+
+    def pids(self) -> dict[str, int | None]:
+        return {wid: c.process.pid for wid, c in self.children.items()}
+
+    def _spawn(self, cfg: WorkerConfig, backoff: float) -> None:
+        p = self.ctx.Process(target=run_worker, args=(cfg,), name=cfg.worker_id, daemon=True)
+        p.start()
+        child = _Child(cfg, p, time.monotonic(), backoff)
+        self.children[cfg.worker_id] = child
+        assert self._loop is not None
+        self._loop.add_reader(p.sentinel, self._exited, cfg.worker_id, p)
+        log.info("started %s (pid %s)", cfg.worker_id, p.pid)
+
+    def _exited(self, wid: str, p: multiprocessing.process.BaseProcess) -> None:
+        assert self._loop is not None
+        self._loop.remove_reader(p.sentinel)
+        p.join()
+        child = self.children.get(wid)
+        if child is None or child.process is not p:
+            return
+        code = p.exitcode
+        if self.stopping:
+            return
+        was_ready = p.pid in self.client.seen_pids
+        why = f"(pid {p.pid}) exited unexpectedly with code {code}"
+        self.client.worker_lost(wid, why)
+        if not was_ready:
+            self.on_fatal(f"worker {wid} {why} before it became ready; see its log above")
+            return
+        up_for = time.monotonic() - child.started
+        backoff = _BACKOFF_START if up_for > _STABLE_AFTER else min(child.backoff * 2, _BACKOFF_MAX)
+        log.warning("%s %s; restarting in %.1fs", wid, why, child.backoff)
+        self.restarts += 1
+        self._loop.call_later(child.backoff, self._restart, child.config, backoff)
+
+    def _restart(self, cfg: WorkerConfig, backoff: float) -> None:
+        if not self.stopping:
+            self._spawn(cfg, backoff)
+
+    async def stop(self, timeout: float = 10.0) -> None:
+        """Tell every worker to stop, wait up to `timeout`, then terminate the rest."""
+        self.stopping = True
+        self.client.shutdown_workers(drain=False)
+        deadline = time.monotonic() + timeout
+        procs = [c.process for c in self.children.values()]
+        while any(p.is_alive() for p in procs) and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        for p in procs:
+            if p.is_alive():
+                log.warning("%s did not stop; terminating it", p.name)
+                p.kill()
+            p.join(timeout=5)
+            if self._loop is not None:
+                self._loop.remove_reader(p.sentinel)
+            p.close()
+        self.children.clear()

@@ -1,0 +1,1 @@
+"""The rings between the serving processes: typed messages, their codec, socket helpers."""

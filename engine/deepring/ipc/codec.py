@@ -1,0 +1,126 @@
+"""Messages to ZeroMQ frames and back (see ipc.messages for the format).
+
+`decode` never raises on bad input: a frame set that is not a message of a known type and
+version (or whose fields have the wrong types) is logged and answered with None, so a stray or
+newer peer cannot crash a process.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+import msgpack
+import numpy as np
+
+from deepring.ipc.messages import IDS, MESSAGE_TYPES, Message
+
+log = logging.getLogger("deepring.ipc")
+
+_IDS_DTYPE = np.dtype("<i4")
+
+
+class MessageError(ValueError):
+    """A frame set that is not a valid message."""
+
+
+# Scalar field types by annotation name; float fields accept ints (msgpack keeps 1.0 as float
+# but a sender may write 1).
+_SCALARS: dict[str, tuple[type, ...]] = {
+    "int": (int,),
+    "float": (int, float),
+    "str": (str,),
+    "bool": (bool,),
+    "list": (list,),
+    "dict": (dict,),
+}
+
+
+def _spec(cls: type[Message]) -> tuple[list[tuple[str, tuple[type, ...]]], list[tuple[str, str]]]:
+    scalars, frames = [], []
+    for f in dataclasses.fields(cls):
+        kind = f.metadata.get("frame")
+        if kind is not None:
+            frames.append((f.name, kind))
+            continue
+        base = str(f.type).split("[", 1)[0].strip()
+        if base not in _SCALARS:
+            raise TypeError(f"{cls.__name__}.{f.name}: unsupported wire type {f.type!r}")
+        scalars.append((f.name, _SCALARS[base]))
+    return scalars, frames
+
+
+_REGISTRY: dict[str, tuple[type[Message], list, list]] = {}
+for _cls in MESSAGE_TYPES:
+    _REGISTRY[_cls.TYPE] = (_cls, *_spec(_cls))
+
+
+def _ids_buffer(value: Any) -> memoryview:
+    arr = np.ascontiguousarray(value, dtype=_IDS_DTYPE)
+    if arr.ndim != 1:
+        raise MessageError(f"token ids must be one-dimensional, got shape {arr.shape}")
+    return memoryview(arr).cast("B")
+
+
+def encode(msg: Message) -> list[Any]:
+    """The frames of `msg`: the msgpack header, then one frame per payload field."""
+    cls, scalars, frames = _REGISTRY[msg.TYPE]
+    if type(msg) is not cls:
+        raise MessageError(f"{type(msg).__name__} is not a registered message")
+    header: dict[str, Any] = {"t": cls.TYPE, "v": cls.VERSION}
+    for name, _ in scalars:
+        header[name] = getattr(msg, name)
+    out: list[Any] = [msgpack.packb(header, use_bin_type=True)]
+    for name, kind in frames:
+        value = getattr(msg, name)
+        out.append(_ids_buffer(value) if kind == IDS else value)
+    return out
+
+
+def decode_strict(frames: Sequence[Any]) -> Message:
+    """The message in `frames`; MessageError when they are not one."""
+    if not frames:
+        raise MessageError("empty message")
+    try:
+        header = msgpack.unpackb(frames[0], raw=False, strict_map_key=False)
+    except (ValueError, msgpack.UnpackException) as e:
+        raise MessageError(f"undecodable header: {e}") from None
+    if not isinstance(header, dict):
+        raise MessageError("header is not a map")
+    tag, version = header.get("t"), header.get("v")
+    entry = _REGISTRY.get(tag) if isinstance(tag, str) else None
+    if entry is None:
+        raise MessageError(f"unknown message type {tag!r}")
+    cls, scalars, frame_fields = entry
+    if version != cls.VERSION:
+        raise MessageError(f"{tag} schema version {version!r} (this process reads {cls.VERSION})")
+    kwargs: dict[str, Any] = {}
+    for name, types in scalars:
+        if name not in header:
+            raise MessageError(f"{tag}: missing field {name!r}")
+        value = header[name]
+        if not isinstance(value, types) or (types == (int,) and isinstance(value, bool)):
+            raise MessageError(f"{tag}.{name}: expected {types[0].__name__}, got {value!r:.60}")
+        kwargs[name] = float(value) if types == _SCALARS["float"] else value
+    if len(frames) != 1 + len(frame_fields):
+        raise MessageError(f"{tag}: {len(frames) - 1} payload frames, expected {len(frame_fields)}")
+    for (name, kind), frame in zip(frame_fields, frames[1:], strict=True):
+        if kind == IDS:
+            buf = memoryview(frame)
+            if buf.nbytes % _IDS_DTYPE.itemsize:
+                raise MessageError(f"{tag}.{name}: {buf.nbytes} bytes is not a whole int32 array")
+            kwargs[name] = np.frombuffer(buf, dtype=_IDS_DTYPE)
+        else:
+            kwargs[name] = frame
+    return cls(**kwargs)
+
+
+def decode(frames: Sequence[Any], source: str = "peer") -> Message | None:
+    """The message in `frames`, or None (logged) when they are not a valid one."""
+    try:
+        return decode_strict(frames)
+    except MessageError as e:
+        log.warning("dropped a message from %s: %s", source, e)
+        return None

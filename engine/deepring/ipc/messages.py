@@ -1,0 +1,157 @@
+"""The messages on the rings. Schema version 1.
+
+On the wire a message is a ZeroMQ multipart message: frame 0 is a msgpack map with the type tag
+`t`, the schema version `v` and the scalar fields; every payload field (token ids, cache
+tensors) follows as its own raw frame, in declaration order, never inside msgpack and never
+pickled. Token ids travel as little-endian int32 arrays, cache state as raw bytes described by
+a layout fingerprint.
+
+Who sends what:
+
+    frontend -> prefill   Submit, Abort, Health, Shutdown
+    frontend -> decode    Abort, Health, Shutdown
+    prefill  -> decode    Handoff
+    worker   -> frontend  Tokens, Health, Stats
+
+A change that an old reader would misread bumps the message's VERSION; readers drop (and log)
+messages of an unknown type or version.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+import numpy as np
+
+# Payload kinds: "ids" is an int32 token-id array, "raw" opaque bytes.
+IDS = "ids"
+RAW = "raw"
+
+
+@dataclass(frozen=True, eq=False)
+class Message:
+    TYPE: ClassVar[str] = ""
+    VERSION: ClassVar[int] = 1
+
+
+@dataclass(frozen=True, eq=False)
+class Submit(Message):
+    """A new request for a prefill worker, with the decode worker it must hand off to."""
+
+    TYPE: ClassVar[str] = "submit"
+    rid: int
+    prompt_ids: np.ndarray = field(metadata={"frame": IDS})
+    sampling: dict  # SamplingParams fields
+    seed: int
+    decode_worker: str
+    decode_gen: int  # incarnation of that decode worker (stale handoffs are dropped)
+    decode_addr: str  # its handoff endpoint
+
+
+@dataclass(frozen=True, eq=False)
+class Handoff(Message):
+    """A prefilled request and its cache state, from prefill to decode.
+
+    token_ids = prompt + the tokens sampled so far (the first one); the cache holds the first
+    num_cached of them. slot_state is the request's window ring and compressor tails,
+    block_state its paged-cache blocks, both laid out as `layout` names (see worker.handoff).
+    """
+
+    TYPE: ClassVar[str] = "handoff"
+    rid: int
+    token_ids: np.ndarray = field(metadata={"frame": IDS})
+    prompt_len: int
+    num_cached: int
+    cache_hit: int
+    sampling: dict
+    seed: int
+    decode_gen: int
+    layout: str
+    num_blocks: int
+    slot_state: bytes = field(metadata={"frame": RAW})
+    block_state: bytes = field(metadata={"frame": RAW})
+
+
+@dataclass(frozen=True, eq=False)
+class Tokens(Message):
+    """New tokens of one engine step, for many requests at once.
+
+    Request i got counts[i] tokens, starting at output index offsets[i]; the ids of all of them
+    are concatenated in token_ids. finished: [rid, reason, total output tokens];
+    cache_hits: [rid, prompt tokens served from cache] with a request's first token;
+    errors: [rid, message] for requests the worker had to drop.
+    """
+
+    TYPE: ClassVar[str] = "tokens"
+    worker: str
+    rids: list
+    offsets: list
+    counts: list
+    token_ids: np.ndarray = field(metadata={"frame": IDS})
+    finished: list
+    cache_hits: list
+    errors: list
+
+
+@dataclass(frozen=True, eq=False)
+class Abort(Message):
+    TYPE: ClassVar[str] = "abort"
+    rids: list
+    reason: str
+
+
+HEALTH_STATES = ("ready", "alive", "draining", "exiting", "announce")
+
+
+@dataclass(frozen=True, eq=False)
+class Health(Message):
+    """Liveness, both ways. A worker sends `ready` (with `info`) when it can take requests and
+    `alive` every heartbeat interval; the frontend sends `alive` to every worker it knows, and
+    `announce` to a worker it does not (which answers with `ready`)."""
+
+    TYPE: ClassVar[str] = "health"
+    worker: str
+    gen: int
+    state: str
+    pid: int
+    info: dict
+
+
+@dataclass(frozen=True, eq=False)
+class Stats(Message):
+    """A worker's load, for the router and /metrics."""
+
+    TYPE: ClassVar[str] = "stats"
+    worker: str
+    gen: int
+    waiting: int  # requests queued in the worker (incl. handoffs not admitted yet)
+    running: int
+    free_slots: int
+    num_slots: int
+    used_blocks: int
+    num_blocks: int
+    queued_tokens: int  # prompt tokens still to compute
+    steps: int
+    generated: int  # tokens sampled since start
+    preemptions: int
+
+
+@dataclass(frozen=True, eq=False)
+class Shutdown(Message):
+    """Stop. drain=True: finish the requests in hand first (up to timeout seconds)."""
+
+    TYPE: ClassVar[str] = "shutdown"
+    drain: bool
+    timeout: float
+
+
+MESSAGE_TYPES: tuple[type[Message], ...] = (
+    Submit,
+    Handoff,
+    Tokens,
+    Abort,
+    Health,
+    Stats,
+    Shutdown,
+)

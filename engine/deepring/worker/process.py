@@ -1,0 +1,194 @@
+"""The process loop shared by prefill and decode workers: `run_worker(config)`.
+
+Start-up: load the model (or the zero-cost runner), connect to the frontend, announce `ready`
+with what the frontend needs (limits, tokenizer path, handoff endpoint). Then, until told to
+stop: take every waiting message, run one engine step when there is work, and send a heartbeat
+(plus a load report) every interval; while busy, load reports go out more often for the router.
+
+Liveness both ways: a supervised worker (started by `deepring serve`) exits when its parent
+process is gone; any worker that hears nothing from the frontend for the heartbeat timeout
+drops its requests (their owner is gone) and keeps announcing itself until a frontend answers.
+Heavy imports (torch, the model) happen inside run_worker so importing this module is cheap
+for the frontend that spawns it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import signal
+import sys
+import time
+
+import zmq
+
+from deepring import env
+from deepring.config import WorkerConfig
+from deepring.ipc import sockets
+from deepring.ipc.codec import decode
+from deepring.ipc.messages import Handoff, Health, Message, Shutdown, Stats
+
+log = logging.getLogger("deepring.worker")
+
+
+def setup_logging(name: str) -> None:
+    logging.basicConfig(
+        level=env.log_level(),
+        format=f"%(asctime)s {name} %(levelname)s %(message)s",
+        stream=sys.stderr,
+        force=True,
+    )
+
+
+class WorkerLink:
+    """A worker's sockets: the DEALER to the frontend, the handoff PULL (decode) and the
+    handoff PUSHes (prefill, one per decode endpoint, connected on first use)."""
+
+    def __init__(self, config: WorkerConfig) -> None:
+        self.ctx = zmq.Context(io_threads=1)
+        self.frontend = sockets.dealer(self.ctx, config.frontend_addr, config.worker_id)
+        self.handoff_in = None
+        if config.role == "decode":
+            self.handoff_in = sockets.pull(self.ctx, config.handoff_bind)  # type: ignore[arg-type]
+        self._out: dict[str, zmq.Socket] = {}
+        self.poller = zmq.Poller()
+        self.poller.register(self.frontend, zmq.POLLIN)
+        if self.handoff_in is not None:
+            self.poller.register(self.handoff_in, zmq.POLLIN)
+
+    def to_frontend(self, msg: Message) -> None:
+        sockets.send(self.frontend, msg)  # blocks at the high-water mark: back pressure
+
+    def handoff(self, addr: str, msg: Handoff) -> None:
+        sock = self._out.get(addr)
+        if sock is None:
+            sock = self._out[addr] = sockets.push(self.ctx, addr)
+        sockets.send(sock, msg, block=False)
+
+    def poll(self, timeout: float) -> tuple[list[Message], bool]:
+        """Waiting messages (after up to `timeout` seconds), and whether the frontend sent any."""
+        events = dict(self.poller.poll(int(timeout * 1000)))
+        out: list[Message] = []
+        heard = False
+        if self.frontend in events:
+            for frames in sockets.drain(self.frontend):
+                heard = True
+                msg = decode(frames, "frontend")
+                if msg is not None:
+                    out.append(msg)
+        if self.handoff_in is not None and self.handoff_in in events:
+            for frames in sockets.drain(self.handoff_in, copy=False):
+                msg = decode(frames, "a prefill worker")
+                if msg is not None:
+                    out.append(msg)
+        return out, heard
+
+    def close(self) -> None:
+        self.ctx.destroy(linger=0)
+
+
+class _StopFlag:
+    """SIGTERM / SIGINT for an unsupervised worker: drain, then exit. A supervised worker
+    ignores both (the parent drains the server and then tells it to stop)."""
+
+    def __init__(self, supervised: bool) -> None:
+        self.requested = False
+        handler = signal.SIG_IGN if supervised else self._set
+        signal.signal(signal.SIGTERM, handler)
+        signal.signal(signal.SIGINT, handler)
+
+    def _set(self, signum: int, frame: object) -> None:
+        self.requested = True
+
+
+def run_worker(config: WorkerConfig) -> int:
+    """Entry point of a prefill or decode process."""
+    setup_logging(config.worker_id)
+    stop = _StopFlag(supervised=config.parent_pid is not None)
+    from deepring.worker.core import WorkerEngine
+    from deepring.worker.roles import DecodeRole, PrefillRole
+
+    engine = WorkerEngine(config.engine)
+    link = WorkerLink(config)
+    gen = random.SystemRandom().getrandbits(62) + 1
+    role_cls = PrefillRole if config.role == "prefill" else DecodeRole
+    role = role_cls(engine, link, config.worker_id, gen)
+    info = {**engine.info(), "role": config.role, "handoff_addr": config.advertised_handoff}
+    pid = os.getpid()
+
+    def health(state: str) -> None:
+        link.to_frontend(
+            Health(
+                worker=config.worker_id,
+                gen=gen,
+                state=state,
+                pid=pid,
+                info=info if state == "ready" else {},
+            )
+        )
+
+    def stats() -> None:
+        link.to_frontend(Stats(worker=config.worker_id, gen=gen, **role.load()))
+
+    health("ready")
+    log.info("ready (%s, pid %d)", "zero-cost" if config.engine.zero_cost else "model", pid)
+    now = time.monotonic()
+    heard_at = now
+    next_beat = now + config.heartbeat_interval
+    next_stats = now
+    lost = False
+    drain_until: float | None = None
+    try:
+        while True:
+            timeout = 0.0 if role.busy else max(0.0, next_beat - time.monotonic())
+            msgs, heard = link.poll(timeout)
+            now = time.monotonic()
+            if heard:
+                heard_at = now
+                if lost:
+                    log.info("frontend is back")
+                    lost = False
+            for msg in msgs:
+                if isinstance(msg, Health):
+                    if msg.state == "announce":
+                        health("ready")
+                elif isinstance(msg, Shutdown):
+                    if not msg.drain:
+                        log.info("shutting down")
+                        return 0
+                    role.draining = True
+                    drain_until = now + msg.timeout
+                else:
+                    role.handle(msg)
+            if role.busy:
+                role.step()
+                now = time.monotonic()
+                if now >= next_stats:
+                    stats()
+                    next_stats = now + config.stats_interval
+            if now >= next_beat:
+                health("ready" if lost else ("draining" if role.draining else "alive"))
+                stats()
+                next_beat = now + config.heartbeat_interval
+            if config.parent_pid is not None and os.getppid() != config.parent_pid:
+                log.warning("parent process %d is gone; exiting", config.parent_pid)
+                return 0
+            if not lost and now - heard_at > config.heartbeat_timeout:
+                dropped = role.reset()
+                log.warning(
+                    "no word from the frontend for %.0fs; dropped %d requests",
+                    now - heard_at,
+                    len(dropped),
+                )
+                lost = True
+            if stop.requested and drain_until is None:
+                log.info("signal received: draining")
+                role.draining = True
+                drain_until = now + env.drain_timeout()
+            if drain_until is not None and (not role.busy or now >= drain_until):
+                log.info("drained; exiting")
+                health("exiting")
+                return 0
+    finally:
+        link.close()

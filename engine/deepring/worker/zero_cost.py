@@ -1,0 +1,51 @@
+"""Zero-cost model mode: tokens without compute, to measure the serving stack alone.
+
+The runner keeps the ModelRunner contract (feed each scheduled chunk, return a token for every
+chunk that completes its request's known tokens) but never touches a model or a cache: the token
+at position p of a request with seed s is a fixed function of (s, p), drawn from ordinary text so
+that the protocol layer decodes and parses it like real output. EOS is never produced; requests
+end at max_tokens (or when aborted). Scheduling, block accounting, handoffs and the rings all
+run as they do with a real model.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from deepring.worker.scheduler import Scheduled
+
+_TEXT = (
+    "The quick brown fox jumps over the lazy dog while the serving stack streams every token "
+    "through prefill, handoff and decode, and the frontend turns them into protocol events. "
+)
+
+
+def text_token_ids(tokenizer_file: Path | None) -> list[int]:
+    """Token ids of an ordinary English passage (or a plain id range without a tokenizer)."""
+    if tokenizer_file is not None and tokenizer_file.is_file():
+        import deepring_recipe
+
+        ids = deepring_recipe.Tokenizer.from_file(str(tokenizer_file)).encode(_TEXT * 4)
+        if ids:
+            return list(ids)
+    return list(range(1000, 1256))
+
+
+class ZeroCostRunner:
+    def __init__(self, token_ids: list[int]) -> None:
+        if not token_ids:
+            raise ValueError("the zero-cost runner needs at least one token id")
+        self.token_ids = token_ids
+
+    def token_at(self, seed: int, position: int) -> int:
+        ids = self.token_ids
+        return ids[(seed + position) % len(ids)]
+
+    def step(self, scheduled: list[Scheduled]) -> list[int | None]:
+        out: list[int | None] = []
+        for s in scheduled:
+            r = s.request
+            completes = s.completes
+            r.num_cached += s.num_tokens
+            out.append(self.token_at(r.seed, r.num_tokens) if completes else None)
+        return out
