@@ -1,4 +1,4 @@
-"""The `deepring` console script: subcommands listed, serve placeholder exits cleanly."""
+"""The `deepring` console script: subcommands listed, bad serving configurations refused."""
 
 from __future__ import annotations
 
@@ -38,6 +38,24 @@ def test_unknown_subcommand_is_rejected(capsys):
     assert "invalid choice" in capsys.readouterr().err
 
 
-def test_serve_placeholder_exits_cleanly(capsys):
-    assert cli.main(["serve"]) == 0
-    assert "not landed yet" in capsys.readouterr().out
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["serve", "--num-decode", "0"], "at least one prefill and one decode"),
+        (["serve", "--max-model-len", "1"], "max_model_len"),
+        (["frontend", "--ring", "localhost:5555"], "ZeroMQ endpoint"),
+        (["decode", "--frontend", "tcp://h:1", "--handoff-bind", "nope"], "ZeroMQ endpoint"),
+    ],
+)
+def test_serving_commands_refuse_bad_configurations(capsys, argv, message):
+    # Rejected before any process starts or any socket is bound.
+    assert cli.main(argv) == 2
+    assert message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("role", ["prefill", "decode", "frontend"])
+def test_role_commands_need_their_endpoints(capsys, role):
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main([role])
+    assert exit_info.value.code == 2
+    assert "required" in capsys.readouterr().err

@@ -1,0 +1,232 @@
+"""The rings end to end without HTTP: real prefill and decode processes (spawned, supervised)
+and the frontend's EngineClient, driven with token ids.
+
+Serving must produce what offline generation produces; an abort frees the request's blocks;
+a killed decode worker fails its requests with a clear error and is restarted; junk on the
+ring is dropped without crashing anyone; a full queue refuses requests.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import threading
+import time
+
+import msgpack
+import pytest
+from deepring import LLM, SamplingParams
+from deepring.config import EngineSpec, FrontendConfig, WorkerConfig
+from deepring.frontend.client import EngineClient, Overloaded
+from deepring.frontend.supervisor import Supervisor
+from deepring.worker.roles import sampling_spec
+
+pytestmark = pytest.mark.slow
+
+SPEC = EngineSpec(model="tiny", max_model_len=512, max_num_seqs=4, max_num_batched_tokens=96)
+
+
+class Collect:
+    """A Sink that records what the frontend would stream."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.ids: list[int] = []
+        self.cache_hit: int | None = None
+        self.done: asyncio.Future = loop.create_future()
+
+    def start(self, cache_hit: int) -> None:
+        self.cache_hit = cache_hit
+
+    def tokens(self, ids: list[int], finish: str | None) -> bool:
+        self.ids += ids
+        if finish is not None:
+            self.done.set_result(("finished", finish))
+        return False
+
+    def error(self, message: str) -> None:
+        self.done.set_result(("error", message))
+
+
+class Ring:
+    def __init__(self, root, spec: EngineSpec = SPEC, max_queued: int = 8) -> None:
+        self.fe = FrontendConfig(
+            ring_addr=f"ipc://{root}/ring",
+            max_queued_requests=max_queued,
+            heartbeat_interval=0.5,
+            heartbeat_timeout=20.0,
+        )
+        common = {
+            "frontend_addr": self.fe.ring_addr,
+            "parent_pid": os.getpid(),
+            "heartbeat_interval": 0.5,
+            "heartbeat_timeout": 20.0,
+        }
+        self.workers = (
+            WorkerConfig(role="prefill", index=0, engine=spec, **common),
+            WorkerConfig(
+                role="decode",
+                index=0,
+                engine=spec,
+                handoff_bind=f"ipc://{root}/handoff-0",
+                **common,
+            ),
+        )
+        self.loop = asyncio.new_event_loop()
+        self.fatal: list[str] = []
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+        self.call(self._start)
+        self.run(self.client.wait_ready(), timeout=120)
+
+    def _start(self) -> None:
+        self.client = EngineClient(self.fe)
+        self.client.start(self.loop)
+        self.supervisor = Supervisor(self.workers, self.client, self.fatal.append)
+        self.supervisor.start()
+
+    def run(self, coro, timeout: float = 60):
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+
+    def call(self, fn, *args):
+        async def wrap():
+            return fn(*args)
+
+        return self.run(wrap())
+
+    def submit(self, prompt: list[int], params: SamplingParams, seed: int = 0):
+        def go():
+            sink = Collect(self.loop)
+            rid = self.client.submit(prompt, sampling_spec(params), seed, sink)
+            return rid, sink
+
+        return self.call(go)
+
+    def wait(self, sink: Collect, timeout: float = 120):
+        async def get():
+            return await sink.done
+
+        return self.run(get(), timeout)
+
+    def generate(self, prompt: list[int], params: SamplingParams, seed: int = 0):
+        _, sink = self.submit(prompt, params, seed)
+        return self.wait(sink), sink.ids
+
+    def stats(self, wid: str):
+        return self.call(lambda: self.client.workers[wid].stats)
+
+    def wait_for(self, predicate, timeout: float = 60) -> None:
+        deadline = time.monotonic() + timeout
+        while not self.call(predicate):
+            if time.monotonic() > deadline:
+                raise AssertionError("condition not reached")
+            time.sleep(0.05)
+
+    def close(self) -> None:
+        self.run(self.supervisor.stop(timeout=10))
+        self.call(self.client.close)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(10)
+        self.loop.close()
+
+
+@pytest.fixture(scope="module")
+def ring(tmp_path_factory, deepring_cache_dir):
+    r = Ring(tmp_path_factory.mktemp("ring"))
+    yield r
+    r.close()
+    assert not r.fatal
+
+
+@pytest.fixture(scope="module")
+def llm(deepring_cache_dir):
+    return LLM("tiny", max_num_seqs=4, max_model_len=512, max_num_batched_tokens=96)
+
+
+def _prompt(n: int, salt: int) -> list[int]:
+    return [(13 * j + 997 * salt) % 120000 + 3 for j in range(n)]
+
+
+def test_serving_matches_offline_generation(ring, llm):
+    prompts = [_prompt(n, i) for i, n in enumerate((7, 150, 64, 3))]
+    params = [
+        SamplingParams(temperature=0, max_tokens=10),
+        SamplingParams(temperature=0.7, top_p=0.9, seed=21, max_tokens=8),
+        SamplingParams(temperature=0, max_tokens=1),
+        SamplingParams(temperature=1.2, top_k=50, seed=8, max_tokens=12),
+    ]
+    want = [o.token_ids for o in llm.generate(prompts, params)]
+    sinks = [ring.submit(p, sp, sp.seed or 0)[1] for p, sp in zip(prompts, params, strict=True)]
+    for sink, w in zip(sinks, want, strict=True):
+        assert ring.wait(sink) == ("finished", "length")
+        assert sink.ids == w
+        assert sink.cache_hit == 0
+
+
+def test_abort_frees_the_blocks(ring):
+    rid, sink = ring.submit(_prompt(200, 5), SamplingParams(temperature=0, max_tokens=300))
+    ring.wait_for(lambda: len(sink.ids) >= 3)
+    ring.call(ring.client.abort, rid)
+    ring.wait_for(
+        lambda: (
+            (s := ring.client.workers["decode-0"].stats) is not None
+            and s.used_blocks == 0
+            and s.running == 0
+        )
+    )
+    assert not sink.done.done()  # an aborted request gets nothing more
+    assert ring.generate(_prompt(5, 6), SamplingParams(temperature=0, max_tokens=3))[0] == (
+        "finished",
+        "length",
+    )
+
+
+def test_junk_on_the_ring_is_dropped(ring):
+    pid = ring.call(lambda: ring.client.workers["decode-0"].pid)
+    junk = [
+        [b"\xc1\xc1"],
+        [msgpack.packb({"t": "teleport", "v": 1})],
+        [msgpack.packb({"t": "abort", "v": 99, "rids": [1], "reason": "x"})],
+        [msgpack.packb({"t": "abort", "v": 1, "rids": "not a list", "reason": "x"})],
+    ]
+    for frames in junk:
+        for wid in (b"decode-0", b"prefill-0"):
+            ring.call(ring.client.sock.send_multipart, [wid, *frames])
+    status, ids = ring.generate(_prompt(9, 7), SamplingParams(temperature=0, max_tokens=4))
+    assert status == ("finished", "length")
+    assert len(ids) == 4
+    assert ring.call(lambda: ring.client.workers["decode-0"].pid) == pid
+
+
+def test_killed_decode_worker_fails_its_requests_and_comes_back(ring):
+    old = ring.call(lambda: ring.client.workers["decode-0"].pid)
+    _rid, sink = ring.submit(_prompt(20, 8), SamplingParams(temperature=0, max_tokens=400))
+    ring.wait_for(lambda: len(sink.ids) >= 2)
+    os.kill(old, signal.SIGKILL)
+    status, message = ring.wait(sink)
+    assert status == "error"
+    assert "decode worker decode-0" in message
+    assert "exited unexpectedly" in message
+    ring.run(ring.client.wait_ready(), timeout=120)
+    new = ring.call(lambda: ring.client.workers["decode-0"].pid)
+    assert new != old
+    assert ring.supervisor.restarts == 1
+    status, ids = ring.generate(_prompt(6, 9), SamplingParams(temperature=0, max_tokens=5))
+    assert status == ("finished", "length")
+    assert len(ids) == 5
+
+
+def test_a_full_queue_refuses_requests(ring):
+    # Capacity: 4 decode slots + 8 queued.
+    sinks = [
+        ring.submit(_prompt(10, 30 + i), SamplingParams(temperature=0, max_tokens=200))[1]
+        for i in range(12)
+    ]
+    with pytest.raises(Overloaded, match="at capacity"):
+        ring.submit(_prompt(10, 50), SamplingParams(max_tokens=2))
+    rids = ring.call(lambda: list(ring.client.requests))
+    for rid in rids:
+        ring.call(ring.client.abort, rid)
+    assert not any(s.done.done() for s in sinks)
+    status, _ = ring.generate(_prompt(4, 51), SamplingParams(temperature=0, max_tokens=2))
+    assert status == ("finished", "length")
