@@ -28,6 +28,12 @@ def _add_engine_args(p: argparse.ArgumentParser, max_num_seqs: int = 64) -> None
         action="store_true",
         help="tokens without compute: measure the serving stack alone",
     )
+    g.add_argument(
+        "--zero-cost-step-ms",
+        type=float,
+        default=0.0,
+        help="zero-cost mode: wall time each engine step takes (default 0)",
+    )
     g.add_argument("--device", default=None, help="cpu | cuda[:N] (default: cuda when available)")
     g.add_argument("--dtype", default=None, help="float32 | bfloat16 | float16 (default: auto)")
     g.add_argument("--load-format", default="auto", choices=["auto", "dummy"])
@@ -55,16 +61,19 @@ def _add_engine_args(p: argparse.ArgumentParser, max_num_seqs: int = 64) -> None
     )
 
 
-def _engine_spec(args: argparse.Namespace, max_num_seqs: int | None = None) -> EngineSpec:
+def _engine_spec(
+    args: argparse.Namespace, max_num_seqs: int | None = None, budget: int | None = None
+) -> EngineSpec:
     return EngineSpec(
         model=args.model,
         zero_cost=args.zero_cost,
+        zero_cost_step_ms=args.zero_cost_step_ms,
         device=args.device,
         dtype=args.dtype,
         load_format=args.load_format,
         max_model_len=args.max_model_len,
         max_num_seqs=max_num_seqs or args.max_num_seqs,
-        max_num_batched_tokens=args.max_num_batched_tokens,
+        max_num_batched_tokens=budget or args.max_num_batched_tokens,
         num_blocks=args.num_blocks,
         cpu_threads=args.cpu_threads or env.cpu_threads() or 1,
     )
@@ -148,7 +157,9 @@ def _serve(args: argparse.Namespace) -> int:
     try:
         try:
             decode_spec = _engine_spec(args)
-            prefill_spec = _engine_spec(args, max_num_seqs=args.prefill_max_num_seqs)
+            prefill_spec = _engine_spec(
+                args, args.prefill_max_num_seqs, args.prefill_max_num_batched_tokens
+            )
             fe = _frontend_config(args, addr("ring"), args.num_prefill, args.num_decode)
             common = {
                 "frontend_addr": fe.ring_addr,
@@ -225,6 +236,13 @@ def add_serving_commands(sub: argparse._SubParsersAction) -> None:
         type=int,
         default=32,
         help="requests a prefill worker prefills at once",
+    )
+    g.add_argument(
+        "--prefill-max-num-batched-tokens",
+        type=int,
+        default=None,
+        help="token budget of a prefill step (default: --max-num-batched-tokens); smaller "
+        "steps let first tokens out sooner while a burst of prompts is prefilled",
     )
     g.add_argument(
         "--transport",

@@ -24,6 +24,9 @@ class EngineSpec:
 
     model: str = "tiny"
     zero_cost: bool = False  # tokens without compute: measures the serving stack alone
+    # Zero-cost mode: wall time each step pretends to take (0: none). A paced step rules out
+    # the frontend batching many tokens per event, so the per-event cost gets measured.
+    zero_cost_step_ms: float = 0.0
     device: str | None = None  # None: cuda when available, else cpu
     dtype: str | None = None
     load_format: str = "auto"
@@ -46,6 +49,8 @@ class EngineSpec:
                 f"num_blocks ({self.num_blocks}) must hold one request of max_model_len "
                 f"({self.blocks_per_seq} blocks) plus the reserved block"
             )
+        if not self.zero_cost_step_ms >= 0:
+            raise ValueError("zero_cost_step_ms must be >= 0")
         if self.cpu_threads is not None and self.cpu_threads < 1:
             raise ValueError("cpu_threads must be >= 1")
 

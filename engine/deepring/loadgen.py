@@ -30,11 +30,30 @@ class Sample:
     ttft: float = 0.0
     tpot: float = 0.0
     tokens: int = 0
+    events: int = 0  # SSE events received (tokens / events = tokens per event)
     error: str = ""
 
 
 def random_prompt(rng: random.Random, words: int) -> str:
     return " ".join(rng.choice(_VOCAB) for _ in range(words))
+
+
+def prompt_sets(seed: int, clients: int, per_client: int, words: int) -> list[list[str]]:
+    """The prompts each client sends, in order (the same for the same arguments)."""
+    rng = random.Random(seed)
+    return [[random_prompt(rng, words) for _ in range(per_client)] for _ in range(clients)]
+
+
+def chat_body(model: str, prompt: str, max_tokens: int, stream: bool = True) -> dict:
+    """The request the load generator sends: greedy, thinking off (so every token is content)."""
+    return {
+        "model": model,
+        "messages": [{"role": "user", "content": prompt}],
+        "stream": stream,
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "thinking": {"type": "disabled"},
+    }
 
 
 async def _read_response(reader: asyncio.StreamReader, sent: float) -> Sample:
@@ -48,6 +67,7 @@ async def _read_response(reader: asyncio.StreamReader, sent: float) -> Sample:
         body = await reader.readexactly(int(headers.get(b"content-length", b"0")))
         return Sample(ok=False, error=f"HTTP {status}: {body[:200].decode(errors='replace')}")
     first = last = 0.0
+    n_events = 0
     usage_events = last_events = b""
     buf = b""
     while True:
@@ -65,6 +85,7 @@ async def _read_response(reader: asyncio.StreamReader, sent: float) -> Sample:
         if cut >= 0:
             events = buf[: cut + 2]
             buf = buf[cut + 2 :]
+            n_events += events.count(b"\n\n")
             last_events = events[-4096:]
             # The usage arrives in the last data event before [DONE].
             if b'"usage":{' in last_events:
@@ -80,7 +101,7 @@ async def _read_response(reader: asyncio.StreamReader, sent: float) -> Sample:
         return Sample(ok=False, error=last_events[-300:].decode(errors="replace"))
     tokens = int(usage["completion_tokens"]) if usage else 0
     tpot = (last - first) / (tokens - 1) if tokens > 1 else 0.0
-    return Sample(ok=True, ttft=first - sent, tpot=tpot, tokens=tokens)
+    return Sample(ok=True, ttft=first - sent, tpot=tpot, tokens=tokens, events=n_events)
 
 
 async def _client(
@@ -89,16 +110,7 @@ async def _client(
     reader, writer = await asyncio.open_connection(host, port)
     try:
         for prompt in prompts:
-            body = json.dumps(
-                {
-                    "model": model,
-                    "messages": [{"role": "user", "content": prompt}],
-                    "stream": True,
-                    "max_tokens": max_tokens,
-                    "temperature": 0,
-                    "thinking": {"type": "disabled"},
-                }
-            ).encode()
+            body = json.dumps(chat_body(model, prompt, max_tokens)).encode()
             req = (
                 f"POST /v1/chat/completions HTTP/1.1\r\nhost: {host}:{port}\r\n"
                 f"content-type: application/json\r\ncontent-length: {len(body)}\r\n\r\n"
@@ -121,21 +133,11 @@ async def _run(
 ) -> dict:
     parts = urlsplit(url)
     host, port = parts.hostname or "127.0.0.1", parts.port or 80
-    rng = random.Random(seed)
+    sets = prompt_sets(seed, concurrency, per_client, prompt_len)
     samples: list[Sample] = []
     t0 = time.perf_counter()
     await asyncio.gather(
-        *(
-            _client(
-                host,
-                port,
-                model,
-                [random_prompt(rng, prompt_len) for _ in range(per_client)],
-                max_tokens,
-                samples,
-            )
-            for _ in range(concurrency)
-        )
+        *(_client(host, port, model, prompts, max_tokens, samples) for prompts in sets)
     )
     wall = time.perf_counter() - t0
     return summarize(samples, wall, concurrency)
@@ -161,6 +163,7 @@ def summarize(samples: list[Sample], wall: float, concurrency: int) -> dict:
         "tokens": tokens,
         "wall_s": wall,
         "tokens_per_s": tokens / wall if wall > 0 else 0.0,
+        "events_per_s": sum(s.events for s in ok) / wall if wall > 0 else 0.0,
         "ttft_p50": _pct(ttfts, 0.5),
         "ttft_p99": _pct(ttfts, 0.99),
         "tpot_p50": _pct(tpots, 0.5),
@@ -190,7 +193,7 @@ def run(
 def table(rows: list[dict], title: str = "") -> str:
     head = (
         f"{'clients':>7} {'reqs':>5} {'err':>4} {'tokens':>8} {'tok/s':>9} {'ttft p50':>9} "
-        f"{'ttft p99':>9} {'tpot p50':>9} {'tpot p99':>9} {'user tok/s':>10}"
+        f"{'ttft p99':>9} {'tpot p50':>9} {'tpot p99':>9} {'user tok/s':>10} {'events/s':>9}"
     )
     lines = [title] if title else []
     lines += [head, "-" * len(head)]
@@ -200,7 +203,7 @@ def table(rows: list[dict], title: str = "") -> str:
             f"{r['tokens_per_s']:>9.0f} "
             f"{r['ttft_p50'] * 1e3:>7.1f}ms {r['ttft_p99'] * 1e3:>7.1f}ms "
             f"{r['tpot_p50'] * 1e3:>7.2f}ms {r['tpot_p99'] * 1e3:>7.2f}ms "
-            f"{r['user_tokens_per_s']:>10.1f}"
+            f"{r['user_tokens_per_s']:>10.1f} {r['events_per_s']:>9.0f}"
         )
         if r["errors"]:
             lines.append(f"        first error: {r['first_error'][:200]}")

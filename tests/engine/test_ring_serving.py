@@ -18,7 +18,8 @@ import msgpack
 import pytest
 from deepring import LLM, SamplingParams
 from deepring.config import EngineSpec, FrontendConfig, WorkerConfig
-from deepring.frontend.client import EngineClient, Overloaded
+from deepring.frontend.client import EngineClient
+from deepring.frontend.requests import Overloaded
 from deepring.frontend.supervisor import Supervisor
 from deepring.worker.roles import sampling_spec
 

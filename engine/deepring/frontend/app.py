@@ -14,11 +14,12 @@ import logging
 import time
 
 from deepring.config import FrontendConfig
-from deepring.frontend.client import EngineClient, Overloaded
+from deepring.frontend.client import EngineClient
 from deepring.frontend.errors import ApiError, error_body
 from deepring.frontend.http import HttpRequest
 from deepring.frontend.metrics import Metrics
 from deepring.frontend.protocols import CHAT, MESSAGES, RESPONSES, Api, Recipe
+from deepring.frontend.requests import Overloaded
 from deepring.frontend.stream import JsonSink, SseSink
 
 log = logging.getLogger("deepring.frontend")
@@ -110,6 +111,7 @@ class App:
             rid = self.client.submit(prep.prompt_ids, sampling, prep.seed, sink)
         except Overloaded as e:
             prep.processor.close()
+            self.metrics.request_done("rejected")
             raise ApiError(429, str(e), headers=[("retry-after", str(e.retry_after))]) from None
 
         def disconnected() -> None:
@@ -158,6 +160,7 @@ class App:
                     "running_requests": s.running if s else 0,
                     "kv_blocks_used": s.used_blocks if s else 0,
                     "kv_blocks_total": s.num_blocks if s else w.load.num_blocks,
+                    "generated_tokens_total": s.generated if s else 0,
                 }
             )
         return out

@@ -24,13 +24,13 @@ import random
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Protocol
 
 import numpy as np
 import zmq
 
 from deepring.config import FrontendConfig
 from deepring.frontend.metrics import Metrics
+from deepring.frontend.requests import Overloaded, RequestState, Sink
 from deepring.ipc import sockets
 from deepring.ipc.codec import decode
 from deepring.ipc.messages import Abort, Health, Message, Shutdown, Stats, Submit, Tokens
@@ -40,66 +40,6 @@ log = logging.getLogger("deepring.frontend")
 
 # Messages taken per event-loop wake-up before giving HTTP I/O a turn.
 _READ_BUDGET = 256
-
-
-class Overloaded(Exception):
-    """The request queue is full (HTTP 429)."""
-
-    def __init__(self, message: str, retry_after: int) -> None:
-        super().__init__(message)
-        self.retry_after = retry_after
-
-
-class Unavailable(Exception):
-    """The server is not taking requests (HTTP 503): shutting down."""
-
-
-class Sink(Protocol):
-    """Where a request's output goes (an SSE stream or a response being accumulated)."""
-
-    def start(self, cache_hit: int) -> None:
-        """The first token is here; cache_hit prompt tokens were served from cache."""
-
-    def tokens(self, ids: list[int], finish: str | None) -> bool:
-        """New tokens, in order; finish ("stop" | "length") with the last ones. Returns True
-        when the sink needs no more (a stop sequence matched): the request is then aborted."""
-
-    def error(self, message: str) -> None:
-        """The request failed; nothing more will come."""
-
-
-@dataclass(eq=False)
-class RequestState:
-    rid: int
-    prompt_ids: np.ndarray
-    sampling: dict
-    seed: int
-    sink: Sink
-    arrival: float
-    prefill: str | None = None
-    decode: str | None = None
-    stage: str = "queued"  # queued | prefill | decode
-    cache_hit: int = 0
-    next_offset: int = 0
-    received: int = 0  # tokens received (in order or not), counted on the decode worker's load
-    ready_ids: list[int] = field(default_factory=list)
-    stash: dict[int, list[int]] = field(default_factory=dict)
-    final: tuple[str, int] | None = None
-    started: bool = False
-    first_at: float = 0.0
-    touched: bool = False
-
-    def add(self, offset: int, ids: list[int]) -> None:
-        if offset == self.next_offset:
-            self.ready_ids.extend(ids)
-            self.next_offset += len(ids)
-            while self.next_offset in self.stash:
-                more = self.stash.pop(self.next_offset)
-                self.ready_ids.extend(more)
-                self.next_offset += len(more)
-        elif offset > self.next_offset:
-            self.stash[offset] = ids
-        # offset < next_offset: already delivered (a duplicate); drop it.
 
 
 @dataclass(eq=False)
@@ -127,7 +67,9 @@ class EngineClient:
         self.queue: deque[RequestState] = deque()
         self.router = Router()
         self.gen = random.SystemRandom().getrandbits(62) + 1
-        self._rids = itertools.count(1)
+        # Request ids start at a random offset per frontend incarnation, so a restarted frontend
+        # never reuses an id a worker may still hold from its predecessor.
+        self._rids = itertools.count((self.gen & 0xFFFFFF) << 32)
         self.seen_pids: set[int] = set()  # workers that announced themselves ready
         self._touched: list[RequestState] = []
         self._read_scheduled = False
@@ -366,6 +308,7 @@ class EngineClient:
                 w.id,
                 Health(worker="frontend", gen=self.gen, state="alive", pid=os.getpid(), info={}),
             )
+        self._dispatch_queued()
         if self.loop is not None and not self.closed:
             self._beat_handle = self.loop.call_later(self.config.heartbeat_interval, self._beat)
 
@@ -407,6 +350,8 @@ class EngineClient:
         if n >= _READ_BUDGET:
             self._schedule_read()
         self._deliver()
+        if self.queue:  # finished requests may have made room, or a send may succeed now
+            self._dispatch_queued()
 
     def _handle(self, wid: str, msg: Message) -> None:
         w = self.workers.get(wid)

@@ -136,10 +136,11 @@ class Metrics:
             ("kv_blocks_used", "KV cache blocks in use."),
             ("kv_blocks_total", "KV cache blocks in the pool."),
             ("up", "1 when the worker is registered and ready."),
+            ("generated_tokens_total", "Tokens the worker sampled since it started."),
         ):
             metric(
                 f"deepring_worker_{key}",
-                "gauge",
+                "counter" if key.endswith("_total") else "gauge",
                 help_text,
                 [(f'{{worker="{w["worker"]}",role="{w["role"]}"}}', w[key]) for w in workers],
             )

@@ -43,7 +43,7 @@ class WorkerEngine:
             self.config = ModelConfig.from_pretrained(self.path)
             tok = self.path / "tokenizer.json"
             self.runner: ModelRunner | ZeroCostRunner = ZeroCostRunner(
-                text_token_ids(tok if tok.is_file() else None)
+                text_token_ids(tok if tok.is_file() else None), spec.zero_cost_step_ms / 1000
             )
         else:
             loaded = load_model(

@@ -138,6 +138,7 @@ def run_worker(config: WorkerConfig) -> int:
     next_beat = now + config.heartbeat_interval
     next_stats = now
     lost = False
+    frontend_gen: int | None = None
     drain_until: float | None = None
     try:
         while True:
@@ -151,7 +152,13 @@ def run_worker(config: WorkerConfig) -> int:
                     lost = False
             for msg in msgs:
                 if isinstance(msg, Health):
-                    if msg.state == "announce":
+                    new_owner = frontend_gen not in (None, msg.gen)
+                    frontend_gen = msg.gen
+                    if new_owner:
+                        # A new frontend: the requests of the old one have no owner any more.
+                        dropped = role.reset()
+                        log.warning("a new frontend took over; dropped %d requests", len(dropped))
+                    if new_owner or msg.state == "announce":
                         health("ready")
                 elif isinstance(msg, Shutdown):
                     if not msg.drain:

@@ -10,6 +10,7 @@ run as they do with a real model.
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 from deepring.worker.scheduler import Scheduled
@@ -32,16 +33,19 @@ def text_token_ids(tokenizer_file: Path | None) -> list[int]:
 
 
 class ZeroCostRunner:
-    def __init__(self, token_ids: list[int]) -> None:
+    def __init__(self, token_ids: list[int], step_seconds: float = 0.0) -> None:
         if not token_ids:
             raise ValueError("the zero-cost runner needs at least one token id")
         self.token_ids = token_ids
+        self.step_seconds = step_seconds  # a paced step sleeps (it does not burn CPU)
 
     def token_at(self, seed: int, position: int) -> int:
         ids = self.token_ids
         return ids[(seed + position) % len(ids)]
 
     def step(self, scheduled: list[Scheduled]) -> list[int | None]:
+        if self.step_seconds:
+            time.sleep(self.step_seconds)
         out: list[int | None] = []
         for s in scheduled:
             r = s.request

@@ -1,0 +1,64 @@
+"""A request as the frontend tracks it, and the sink its output goes to."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import numpy as np
+
+
+class Overloaded(Exception):
+    """The request queue is full (HTTP 429)."""
+
+    def __init__(self, message: str, retry_after: int) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+class Sink(Protocol):
+    """Where a request's output goes (an SSE stream or a response being accumulated)."""
+
+    def start(self, cache_hit: int) -> None:
+        """The first token is here; cache_hit prompt tokens were served from cache."""
+
+    def tokens(self, ids: list[int], finish: str | None) -> bool:
+        """New tokens, in order; finish ("stop" | "length") with the last ones. Returns True
+        when the sink needs no more (a stop sequence matched): the request is then aborted."""
+
+    def error(self, message: str) -> None:
+        """The request failed; nothing more will come."""
+
+
+@dataclass(eq=False)
+class RequestState:
+    rid: int
+    prompt_ids: np.ndarray
+    sampling: dict
+    seed: int
+    sink: Sink
+    arrival: float
+    prefill: str | None = None
+    decode: str | None = None
+    stage: str = "queued"  # queued | prefill | decode
+    cache_hit: int = 0
+    next_offset: int = 0
+    received: int = 0  # tokens received (in order or not), counted on the decode worker's load
+    ready_ids: list[int] = field(default_factory=list)
+    stash: dict[int, list[int]] = field(default_factory=dict)
+    final: tuple[str, int] | None = None
+    started: bool = False
+    first_at: float = 0.0
+    touched: bool = False
+
+    def add(self, offset: int, ids: list[int]) -> None:
+        if offset == self.next_offset:
+            self.ready_ids.extend(ids)
+            self.next_offset += len(ids)
+            while self.next_offset in self.stash:
+                more = self.stash.pop(self.next_offset)
+                self.ready_ids.extend(more)
+                self.next_offset += len(more)
+        elif offset > self.next_offset:
+            self.stash[offset] = ids
+        # offset < next_offset: already delivered (a duplicate); drop it.

@@ -1,0 +1,153 @@
+"""Other process layouts, on the zero-cost model (quick to start, no compute): several
+workers per role over tcp://, and each role as its own command (as on separate hosts), where
+a dead worker is noticed by its missing heartbeats instead of its exit."""
+
+from __future__ import annotations
+
+import signal
+import socket
+import subprocess
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx2
+import openai
+import pytest
+from conftest import READY, _deepring
+
+pytestmark = pytest.mark.slow
+
+CHAT = {
+    "model": "tiny",
+    "messages": [{"role": "user", "content": "Count."}],
+    "thinking": {"type": "disabled"},
+}
+
+
+SDK_CHAT = {
+    "model": "tiny",
+    "messages": CHAT["messages"],
+    "extra_body": {"thinking": CHAT["thinking"]},
+}
+
+
+def test_two_workers_per_role_over_tcp(start_server):
+    s = start_server(
+        "--zero-cost",
+        "--num-prefill",
+        "2",
+        "--num-decode",
+        "2",
+        "--transport",
+        "tcp",
+        "--max-num-seqs",
+        "4",
+    )
+    roles = sorted(w["worker"] for w in s.health()["workers"])
+    assert roles == ["decode-0", "decode-1", "prefill-0", "prefill-1"]
+
+    def one(i: int) -> dict:
+        r = httpx2.post(f"{s.url}/v1/chat/completions", json={**CHAT, "max_tokens": 64}, timeout=60)
+        assert r.status_code == 200, r.text
+        return r.json()
+
+    with ThreadPoolExecutor(16) as pool:
+        results = list(pool.map(one, range(16)))
+    assert all(r["usage"]["completion_tokens"] == 64 for r in results)
+    # The router spread the work over every worker.
+    for wid in ("prefill-0", "prefill-1", "decode-0", "decode-1"):
+        role = wid.split("-")[0]
+        labels = f'{{worker="{wid}",role="{role}"}}'
+        assert s.metric("deepring_worker_generated_tokens_total", labels) > 0, wid
+    assert s.stop() == 0
+
+
+def _port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class Role:
+    def __init__(self, args: list[str], log, env) -> None:
+        self.log_path = log
+        self._log = open(log, "wb")  # noqa: SIM115 (closed in stop())
+        self.proc = subprocess.Popen(
+            [*_deepring(), *args], stdout=self._log, stderr=subprocess.STDOUT, env=env
+        )
+
+    def stop(self, sig: int = signal.SIGTERM) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+        code = self.proc.wait(60)
+        self._log.close()
+        return code
+
+
+def test_roles_as_separate_commands(tmp_path, server_env):
+    env = {**server_env, "DEEPRING_HEARTBEAT_INTERVAL": "0.3", "DEEPRING_HEARTBEAT_TIMEOUT": "3"}
+    ring = f"tcp://127.0.0.1:{_port()}"
+    handoff = f"tcp://127.0.0.1:{_port()}"
+    decode_args = [
+        "decode",
+        "--frontend",
+        ring,
+        "--handoff-bind",
+        handoff,
+        "--zero-cost",
+        "--zero-cost-step-ms",
+        "10",
+    ]
+    roles = {
+        "frontend": Role(["frontend", "--ring", ring, "--port", "0"], tmp_path / "fe.log", env),
+        "prefill": Role(["prefill", "--frontend", ring, "--zero-cost"], tmp_path / "p.log", env),
+        "decode": Role(decode_args, tmp_path / "d.log", env),
+    }
+    try:
+        deadline = time.monotonic() + 240
+        while not (m := READY.search((tmp_path / "fe.log").read_text())):
+            assert time.monotonic() < deadline, (tmp_path / "fe.log").read_text()
+            time.sleep(0.1)
+        url = m.group(1)
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
+        r = client.chat.completions.create(max_tokens=8, **SDK_CHAT)
+        assert r.usage.completion_tokens == 8
+        # Kill the decode worker while it streams: no process exit to watch from here, so
+        # the frontend notices the silence and fails the request.
+        stream = client.chat.completions.create(max_tokens=2000, stream=True, **SDK_CHAT)
+        it = iter(stream)
+        next(it)
+        killer = threading.Timer(0.2, roles["decode"].proc.kill)
+        killer.start()
+        with pytest.raises(openai.APIError, match="sent no heartbeat"):
+            for _ in it:
+                pass
+        stream.close()
+        roles["decode"].stop()
+        # A new decode process on the same endpoints registers and serves.
+        roles["decode"] = Role(decode_args, tmp_path / "d2.log", env)
+        deadline = time.monotonic() + 240
+        while httpx2.get(f"{url}/health", timeout=10).json()["status"] != "ok":
+            assert time.monotonic() < deadline, "the new decode worker did not register"
+            time.sleep(0.1)
+        r = client.chat.completions.create(max_tokens=8, **SDK_CHAT)
+        assert r.usage.completion_tokens == 8
+        client.close()
+        # The frontend dies and a new one binds the same ring: the workers register with it.
+        roles["frontend"].stop(signal.SIGKILL)
+        roles["frontend"] = Role(
+            ["frontend", "--ring", ring, "--port", "0"], tmp_path / "fe2.log", env
+        )
+        deadline = time.monotonic() + 240
+        while not (m := READY.search((tmp_path / "fe2.log").read_text())):
+            assert time.monotonic() < deadline, (tmp_path / "fe2.log").read_text()
+            time.sleep(0.1)
+        client = openai.OpenAI(base_url=f"{m.group(1)}/v1", api_key="unused", max_retries=0)
+        r = client.chat.completions.create(max_tokens=8, **SDK_CHAT)
+        assert r.usage.completion_tokens == 8
+        client.close()
+    finally:
+        codes = {name: role.stop() for name, role in roles.items()}
+    # Each role drains and exits cleanly on SIGTERM.
+    assert codes == {"frontend": 0, "prefill": 0, "decode": 0}
