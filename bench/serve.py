@@ -24,6 +24,7 @@ import json
 import os
 import re
 import signal
+import statistics
 import subprocess
 import sys
 import time
@@ -74,6 +75,8 @@ MODES = {
 
 
 def bench_server(mode: str, args, levels: list[int]) -> list[dict]:
+    """One server for the mode; each level is measured `--repeat` times (median kept). For
+    `tiny`, LLM.generate runs right after each serving run, so both see the same machine."""
     extra = list(MODES[mode])
     extra += ["--max-num-seqs", str(max(levels)), "--max-model-len", str(args.max_model_len)]
     server = Server(extra, OUT / f"serve-{mode}.log")
@@ -82,40 +85,49 @@ def bench_server(mode: str, args, levels: list[int]) -> list[dict]:
         # Warm-up: first requests pay for lazy initialisation in every process.
         loadgen.run(server.url, "tiny", 2, 1, args.prompt_len, 8, seed=999)
         for c in levels:
-            row = loadgen.run(
-                server.url, "tiny", c, args.requests, args.prompt_len, args.max_tokens, args.seed
-            )
+            runs, offline = [], []
+            for rep in range(args.repeat):
+                seed = args.seed + rep
+                runs.append(
+                    loadgen.run(
+                        server.url, "tiny", c, args.requests, args.prompt_len, args.max_tokens, seed
+                    )
+                )
+                if mode == "tiny":
+                    offline.append(bench_offline(args, c, seed))
+            row = sorted(runs, key=lambda r: r["tokens_per_s"])[len(runs) // 2]
             row["mode"] = mode
+            line = f"  {mode}: {c} clients -> {row['tokens_per_s']:.0f} tok/s"
+            if offline:
+                row["offline_tokens_per_s"] = statistics.median(offline)
+                line += f" (LLM.generate {row['offline_tokens_per_s']:.0f} tok/s)"
             rows.append(row)
-            print(f"  {mode}: {c} clients -> {row['tokens_per_s']:.0f} tok/s", flush=True)
+            print(line, flush=True)
     finally:
         server.stop()
     return rows
 
 
-def bench_offline(args, levels: list[int]) -> dict[int, float]:
+def bench_offline(args, concurrency: int, seed: int) -> float:
     """LLM.generate tokens/s over the same requests, max_num_seqs = concurrency."""
     import torch
     from deepring import LLM, SamplingParams
 
     torch.set_num_threads(args.baseline_threads)
-    out = {}
     params = SamplingParams(temperature=0, max_tokens=args.max_tokens)
-    for c in levels:
-        llm = LLM("tiny", device="cpu", max_num_seqs=c, max_model_len=args.max_model_len)
-        llm.generate([[5, 6, 7]], SamplingParams(temperature=0, max_tokens=2))
-        sets = loadgen.prompt_sets(args.seed, c, args.requests, args.prompt_len)
-        bodies = [
-            loadgen.chat_body("tiny", p, args.max_tokens, stream=False)
-            for i in range(args.requests)
-            for p in (s[i] for s in sets)
-        ]
-        t0 = time.perf_counter()
-        outs = llm.generate(bodies, params)
-        wall = time.perf_counter() - t0
-        out[c] = sum(len(o.token_ids) for o in outs) / wall
-        print(f"  LLM.generate: {c} -> {out[c]:.0f} tok/s", flush=True)
-    return out
+    llm = LLM("tiny", device="cpu", max_num_seqs=concurrency, max_model_len=args.max_model_len)
+    llm.generate([[5, 6, 7]], SamplingParams(temperature=0, max_tokens=2))
+    sets = loadgen.prompt_sets(seed, concurrency, args.requests, args.prompt_len)
+    # Request i of every client, then request i + 1: the order the clients send them in.
+    bodies = [
+        loadgen.chat_body("tiny", s[i], args.max_tokens, stream=False)
+        for i in range(args.requests)
+        for s in sets
+    ]
+    t0 = time.perf_counter()
+    outs = llm.generate(bodies, params)
+    wall = time.perf_counter() - t0
+    return sum(len(o.token_ids) for o in outs) / wall
 
 
 def plot(rows: list[dict], path: Path) -> None:
@@ -163,23 +175,22 @@ def main() -> None:
     p.add_argument("--max-model-len", type=int, default=1024)
     p.add_argument("--baseline-threads", type=int, default=1)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--repeat", type=int, default=1, help="runs per level (median reported)")
     args = p.parse_args()
     OUT.mkdir(exist_ok=True)
     levels = [int(c) for c in args.concurrency.split(",")]
     modes = args.modes.split(",")
     rows: list[dict] = []
-    ratios: dict[int, float] = {}
     chosen = args.max_tokens
     for mode in modes:
         args.max_tokens = chosen or (64 if mode == "tiny" else 512)
         print(f"{mode}: {args.requests} requests x {args.max_tokens} tokens per client", flush=True)
         rows += bench_server(mode, args, levels)
-        if mode == "tiny":
-            base = bench_offline(args, levels)
-            for r in rows:
-                if r["mode"] == "tiny":
-                    r["offline_tokens_per_s"] = base[r["concurrency"]]
-                    ratios[r["concurrency"]] = r["tokens_per_s"] / base[r["concurrency"]]
+    ratios = {
+        r["concurrency"]: r["tokens_per_s"] / r["offline_tokens_per_s"]
+        for r in rows
+        if "offline_tokens_per_s" in r
+    }
     print(f"\nmachine: {os.cpu_count()} CPUs; prompts of {args.prompt_len} random words\n")
     for mode in modes:
         print(loadgen.table([r for r in rows if r["mode"] == mode], f"== {mode} =="))

@@ -240,9 +240,10 @@ def add_serving_commands(sub: argparse._SubParsersAction) -> None:
     g.add_argument(
         "--prefill-max-num-batched-tokens",
         type=int,
-        default=None,
-        help="token budget of a prefill step (default: --max-num-batched-tokens); smaller "
-        "steps let first tokens out sooner while a burst of prompts is prefilled",
+        default=512,
+        help="token budget of a prefill step (default 512: small steps let first tokens, and "
+        "with them the decode worker, start sooner while a burst of prompts is prefilled; "
+        "raise it on GPUs, where bigger prefill steps are cheaper per token)",
     )
     g.add_argument(
         "--transport",

@@ -74,6 +74,7 @@ SAMPLES = [
         num_blocks=7,
         queued_tokens=8,
         steps=9,
+        step_seconds=1.5,
         generated=10,
         preemptions=11,
     ),

@@ -161,6 +161,8 @@ class App:
                     "kv_blocks_used": s.used_blocks if s else 0,
                     "kv_blocks_total": s.num_blocks if s else w.load.num_blocks,
                     "generated_tokens_total": s.generated if s else 0,
+                    "steps_total": s.steps if s else 0,
+                    "step_seconds_total": round(s.step_seconds, 6) if s else 0.0,
                 }
             )
         return out

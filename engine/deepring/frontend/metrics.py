@@ -137,6 +137,8 @@ class Metrics:
             ("kv_blocks_total", "KV cache blocks in the pool."),
             ("up", "1 when the worker is registered and ready."),
             ("generated_tokens_total", "Tokens the worker sampled since it started."),
+            ("steps_total", "Engine steps the worker ran since it started."),
+            ("step_seconds_total", "Wall time the worker spent in engine steps."),
         ):
             metric(
                 f"deepring_worker_{key}",

@@ -133,6 +133,7 @@ class Stats(Message):
     num_blocks: int
     queued_tokens: int  # prompt tokens still to compute
     steps: int
+    step_seconds: float  # wall time spent in engine steps since start
     generated: int  # tokens sampled since start
     preemptions: int
 

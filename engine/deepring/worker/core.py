@@ -12,6 +12,7 @@ the offline engine.
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import torch
@@ -77,6 +78,7 @@ class WorkerEngine:
         self.requests: dict[int, Request] = {}
         self.num_steps = 0
         self.num_generated = 0
+        self.step_seconds = 0.0  # total wall time inside step()
 
     # ---- facts for the frontend -----------------------------------------------------------------
 
@@ -222,6 +224,7 @@ class WorkerEngine:
 
     def step(self) -> list[StepResult]:
         """One scheduled step. Finished requests are freed before this returns."""
+        t0 = time.perf_counter()
         scheduled = self.scheduler.schedule()
         if not scheduled:
             return []
@@ -239,6 +242,7 @@ class WorkerEngine:
                     self.finish(req, reason)
                     done = True
             results.append(StepResult(req, tok, done))
+        self.step_seconds += time.perf_counter() - t0
         return results
 
     def load(self) -> dict:
@@ -252,6 +256,7 @@ class WorkerEngine:
             "num_blocks": self.blocks.num_blocks - self.blocks.reserved,
             "queued_tokens": sum(r.pending for r in (*s.waiting, *s.running) if r.pending > 1),
             "steps": self.num_steps,
+            "step_seconds": self.step_seconds,
             "generated": self.num_generated,
             "preemptions": s.num_preemptions,
         }

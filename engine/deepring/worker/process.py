@@ -154,11 +154,14 @@ def run_worker(config: WorkerConfig) -> int:
                 if isinstance(msg, Health):
                     new_owner = frontend_gen not in (None, msg.gen)
                     frontend_gen = msg.gen
-                    if new_owner:
-                        # A new frontend: the requests of the old one have no owner any more.
-                        dropped = role.reset()
-                        log.warning("a new frontend took over; dropped %d requests", len(dropped))
                     if new_owner or msg.state == "announce":
+                        # A new frontend, or one that does not know this worker (it was declared
+                        # dead): whatever this worker holds has no owner any more.
+                        dropped = role.reset()
+                        if dropped:
+                            log.warning(
+                                "re-registering; dropped %d orphaned requests", len(dropped)
+                            )
                         health("ready")
                 elif isinstance(msg, Shutdown):
                     if not msg.drain:
