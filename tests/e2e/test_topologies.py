@@ -14,7 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx2
 import openai
 import pytest
-from conftest import READY, _deepring
+from e2e_helpers import READY, deepring_command
 
 pytestmark = pytest.mark.slow
 
@@ -74,7 +74,7 @@ class Role:
         self.log_path = log
         self._log = open(log, "wb")  # noqa: SIM115 (closed in stop())
         self.proc = subprocess.Popen(
-            [*_deepring(), *args], stdout=self._log, stderr=subprocess.STDOUT, env=env
+            [*deepring_command(), *args], stdout=self._log, stderr=subprocess.STDOUT, env=env
         )
 
     def stop(self, sig: int = signal.SIGTERM) -> int:
