@@ -102,6 +102,11 @@ class Supervisor:
         self.client.shutdown_workers(drain=False)
         deadline = time.monotonic() + timeout
         procs = [c.process for c in self.children.values()]
+        registered = {w.pid for w in self.client.workers.values()}
+        for p in procs:
+            # Still starting (it cannot hear a Shutdown yet and holds no requests): stop it now.
+            if p.is_alive() and p.pid not in registered:
+                p.kill()
         while any(p.is_alive() for p in procs) and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
         for p in procs:
