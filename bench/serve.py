@@ -136,25 +136,29 @@ def plot(rows: list[dict], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, len(MODES), figsize=(16, 4.5))
-    for ax, mode in zip(axes, MODES, strict=True):
+    modes = [m for m in MODES if any(r["mode"] == m for r in rows)]
+    fig, axes = plt.subplots(1, len(modes), figsize=(5.5 * len(modes), 4.5), squeeze=False)
+    for ax, mode in zip(axes[0], modes, strict=True):
         pts = [r for r in rows if r["mode"] == mode]
-        if not pts:
-            ax.set_visible(False)
-            continue
         xs = [r["user_tokens_per_s"] for r in pts]
         ys = [r["tokens_per_s"] for r in pts]
-        ax.plot(xs, ys, "o-")
+        ax.plot(xs, ys, "o-", label="deepring serve")
         for r, x, y in zip(pts, xs, ys, strict=True):
-            ax.annotate(
-                f"{r['concurrency']} streams", (x, y), textcoords="offset points", xytext=(5, 5)
+            ax.annotate(f"{r['concurrency']}", (x, y), textcoords="offset points", xytext=(5, 5))
+        base = [r for r in pts if "offline_tokens_per_s" in r]
+        if base:
+            ax.plot(
+                [r["offline_tokens_per_s"] / r["concurrency"] for r in base],
+                [r["offline_tokens_per_s"] for r in base],
+                "s--",
+                label="LLM.generate (per-user = total / concurrency)",
             )
         if mode.startswith("zero-cost"):
             ax.axhline(ZERO_COST_TARGET, color="gray", ls="--", label="target")
-            ax.legend()
+        ax.legend()
         ax.set_xlabel("per-user speed (tokens/s per stream, 1 / median TPOT)")
         ax.set_ylabel("throughput (output tokens/s)")
-        ax.set_title(f"deepring serve, {mode}")
+        ax.set_title(f"{mode} (labels: concurrent streams)")
         ax.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
