@@ -14,6 +14,8 @@ import signal
 import sys
 import time
 
+import zmq
+
 from deepring.config import FrontendConfig, WorkerConfig
 from deepring.frontend.app import App
 from deepring.frontend.client import EngineClient
@@ -28,7 +30,12 @@ async def serve(config: FrontendConfig, workers: tuple[WorkerConfig, ...] = ()) 
     loop = asyncio.get_running_loop()
     metrics = Metrics()
     client = EngineClient(config, metrics)
-    client.start(loop)
+    try:
+        client.start(loop)
+    except zmq.ZMQError as e:
+        print(f"deepring: cannot bind the ring at {config.ring_addr}: {e}", file=sys.stderr)
+        client.close()
+        return 1
     app = App(config, client, metrics)
     http = HttpServer(app.handle, error_body, config.max_body_bytes, config.keepalive_timeout)
     stop = asyncio.Event()
@@ -42,7 +49,15 @@ async def serve(config: FrontendConfig, workers: tuple[WorkerConfig, ...] = ()) 
         loop.add_signal_handler(sig, stop.set)
     supervisor = None
     try:
-        port = await http.start(config.host, config.port)
+        try:
+            port = await http.start(config.host, config.port)
+        except OSError as e:
+            print(
+                f"deepring: cannot listen on {config.host}:{config.port}: {e.strerror or e}",
+                file=sys.stderr,
+                flush=True,
+            )
+            return 1
         url = f"http://{config.host}:{port}"
         print(f"deepring: listening on {url} (waiting for workers)", flush=True)
         if workers:
