@@ -45,7 +45,10 @@ class Router:
         if block_size < 1:
             raise ValueError("block_size must be >= 1")
         self.block_size = block_size
-        self._tiebreak = itertools.count()
+        # One rotation per role: a shared one would advance twice per request and, with two
+        # workers, always break ties the same way.
+        self._prefill_turn = itertools.count()
+        self._decode_turn = itertools.count()
 
     def pick_prefill(
         self, loads: Iterable[WorkerLoad], uncached_tokens: int | Mapping[str, int]
@@ -53,7 +56,7 @@ class Router:
         """The prefill worker with the least work after taking this request. uncached_tokens:
         the prompt tokens each worker would compute (one number when it is the same for all)."""
         best, best_key = None, None
-        turn = next(self._tiebreak)
+        turn = next(self._prefill_turn)
         ready = [w for w in loads if w.ready]
         for i, w in enumerate(ready):
             own = (
@@ -70,7 +73,7 @@ class Router:
         """The decode worker with the most headroom for a request of prompt_tokens tokens."""
         need = -(-(prompt_tokens + 1) // self.block_size)
         best, best_key = None, None
-        turn = next(self._tiebreak)
+        turn = next(self._decode_turn)
         ready = [w for w in loads if w.ready]
         for i, w in enumerate(ready):
             slots, blocks = w.free_slots(), w.free_blocks(self.block_size)

@@ -67,6 +67,16 @@ def test_decode_that_fits_beats_one_that_does_not():
     assert r.pick_decode([down], 10) is None
 
 
+def test_ties_alternate_when_requests_come_one_at_a_time():
+    # Both roles picked for every request, loads always equal: each role rotates on its own.
+    r = Router()
+    pre = [WorkerLoad("prefill-0"), WorkerLoad("prefill-1")]
+    dec = [_decode("decode-0", 4, 100), _decode("decode-1", 4, 100)]
+    picks = [(r.pick_prefill(pre, 10).worker, r.pick_decode(dec, 10).worker) for _ in range(4)]
+    assert {p for p, _ in picks} == {"prefill-0", "prefill-1"}
+    assert {d for _, d in picks} == {"decode-0", "decode-1"}
+
+
 def test_router_rejects_a_bad_block_size():
     with pytest.raises(ValueError, match="block_size"):
         Router(block_size=0)
