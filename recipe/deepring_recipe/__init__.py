@@ -5,6 +5,7 @@ differs on purpose.
 """
 
 from ._native import (
+    IMAGE_SPECIAL_TOKEN_ID,
     AssistantMessage,
     BytesImageSource,
     ChatCompletionRequest,
@@ -13,9 +14,8 @@ from ._native import (
     ConversionError,
     ConversionOptions,
     DataUrlImageSource,
-    DeepseekV41Encoding,
     DeepseekV4Encoding,
-    IMAGE_SPECIAL_TOKEN_ID,
+    DeepseekV41Encoding,
     ImageSource,
     InferenceOptions,
     LatestReminderMessage,
@@ -25,6 +25,8 @@ from ._native import (
     ParsingOptions,
     ReasoningContentBehavior,
     RenderedPrompt,
+    ResponsesEcho,
+    ResponsesRequest,
     SpecialToken,
     SpecialTokens,
     SystemMessage,
@@ -40,6 +42,7 @@ from ._native import (
 )
 
 __all__ = [
+    "IMAGE_SPECIAL_TOKEN_ID",
     "AssistantMessage",
     "BytesImageSource",
     "ChatCompletionRequest",
@@ -48,9 +51,8 @@ __all__ = [
     "ConversionError",
     "ConversionOptions",
     "DataUrlImageSource",
-    "DeepseekV41Encoding",
     "DeepseekV4Encoding",
-    "IMAGE_SPECIAL_TOKEN_ID",
+    "DeepseekV41Encoding",
     "ImageSource",
     "InferenceOptions",
     "LatestReminderMessage",
@@ -60,6 +62,8 @@ __all__ = [
     "ParsingOptions",
     "ReasoningContentBehavior",
     "RenderedPrompt",
+    "ResponsesEcho",
+    "ResponsesRequest",
     "SpecialToken",
     "SpecialTokens",
     "SystemMessage",

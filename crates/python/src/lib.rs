@@ -27,5 +27,6 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     enums::register_request_enums(m)?;
     options::register(m)?;
     request::register(m)?;
+    request::register_responses(m)?;
     Ok(())
 }

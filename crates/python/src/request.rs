@@ -146,3 +146,113 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyChatCompletionRequest>()?;
     Ok(())
 }
+
+// ---------------------------------------------------------------------------------------------
+// Responses
+
+use deepring_recipe::request::responses::{ResponsesEchoData, ResponsesRequest};
+use pyo3::types::{PyDict, PyTuple};
+
+#[pyclass(module = "deepring_recipe._native", name = "ResponsesEcho", frozen)]
+#[derive(Clone)]
+pub(crate) struct PyResponsesEcho {
+    pub(crate) inner: ResponsesEchoData,
+}
+
+#[pymethods]
+impl PyResponsesEcho {
+    #[new]
+    fn new() -> Self {
+        PyResponsesEcho {
+            inner: ResponsesEchoData {
+                instructions: None,
+                max_output_tokens: None,
+                temperature: 1.0,
+                top_p: 1.0,
+                top_logprobs: 0,
+                user: None,
+                reasoning: serde_json::json!({"effort": null, "summary": null}),
+                text: serde_json::json!({"format": {"type": "text"}, "verbosity": null}),
+                tool_choice: serde_json::json!("auto"),
+                tools: serde_json::json!([]),
+            },
+        }
+    }
+    #[getter]
+    fn instructions(&self) -> Option<&str> {
+        self.inner.instructions.as_deref()
+    }
+    #[getter]
+    fn max_output_tokens(&self) -> Option<u32> {
+        self.inner.max_output_tokens
+    }
+    #[getter]
+    fn temperature(&self) -> f64 {
+        f64::from(self.inner.temperature)
+    }
+    #[getter]
+    fn top_p(&self) -> f64 {
+        f64::from(self.inner.top_p)
+    }
+    #[getter]
+    fn top_logprobs(&self) -> u8 {
+        self.inner.top_logprobs
+    }
+    #[getter]
+    fn user(&self) -> Option<&str> {
+        self.inner.user.as_deref()
+    }
+}
+
+#[pyclass(module = "deepring_recipe._native", name = "ResponsesRequest", frozen)]
+pub(crate) struct PyResponsesRequest {
+    slot: Mutex<Option<ResponsesRequest>>,
+}
+
+#[pymethods]
+impl PyResponsesRequest {
+    #[new]
+    fn new(py: Python<'_>, body: &Bound<'_, PyAny>) -> PyResult<Self> {
+        let request = parse_request(py, body, ResponsesRequest::from_body)?;
+        Ok(PyResponsesRequest {
+            slot: Mutex::new(Some(request)),
+        })
+    }
+    #[getter]
+    fn model(&self) -> PyResult<String> {
+        peek(&self.slot, |r| r.model.clone())
+    }
+    fn namespace_tool_map<'py>(
+        &self,
+        py: Python<'py>,
+        options: PyRef<'_, PyConversionOptions>,
+    ) -> PyResult<Bound<'py, PyDict>> {
+        let entries = peek(&self.slot, |r| r.namespace_tool_map(&options.inner))?
+            .map_err(|e| errors::conversion(&e))?;
+        let dict = PyDict::new(py);
+        for (full, ns, name) in entries {
+            dict.set_item(full, PyTuple::new(py, [ns, name])?)?;
+        }
+        Ok(dict)
+    }
+    fn echo(&self) -> PyResult<PyResponsesEcho> {
+        peek(&self.slot, |r| PyResponsesEcho { inner: r.echo() })
+    }
+    fn convert(
+        &self,
+        py: Python<'_>,
+        options: PyRef<'_, PyConversionOptions>,
+    ) -> PyResult<PyConversationRequest> {
+        let request = take(&self.slot)?;
+        let options = &options.inner;
+        py.detach(|| request.convert(options))
+            .map(|inner| PyConversationRequest { inner })
+            .map_err(|e| errors::conversion(&e))
+    }
+}
+
+pub(crate) fn register_responses(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<PyResponsesEcho>()?;
+    m.add_class::<PyResponsesRequest>()?;
+    Ok(())
+}

@@ -182,6 +182,20 @@ impl Message {
         Ok(m)
     }
 
+    /// A message built by protocol conversion, which knows exactly where it put each image
+    /// placeholder (a placeholder-like text in the user's own words is not one).
+    pub fn with_placeholders(
+        role: Role,
+        content: String,
+        images: Vec<ImageSource>,
+        placeholders: Vec<(usize, usize)>,
+    ) -> Self {
+        let mut m = Message::plain(role, content);
+        m.image_sources = images;
+        m.image_placeholders = placeholders;
+        m
+    }
+
     pub fn latest_reminder(content: String) -> Self {
         Message::plain(Role::LatestReminder, content)
     }

@@ -14,11 +14,15 @@ pub enum RequestBody<'a> {
 /// (with the position); shape errors `invalid request body: ...` (without, as the body is read
 /// through a JSON value first, as deepseek-recipe does).
 pub fn parse_body<T: DeserializeOwned>(body: RequestBody<'_>) -> Result<T, RecipeError> {
-    let value = match body {
-        RequestBody::Text(bytes) => serde_json::from_slice::<Value>(bytes)
-            .map_err(|e| RecipeError::InvalidBody(format!("invalid JSON request: {e}")))?,
-        RequestBody::Value(v) => v,
-    };
-    serde_json::from_value(value)
+    serde_json::from_value(to_value(body)?)
         .map_err(|e| RecipeError::InvalidBody(format!("invalid request body: {e}")))
+}
+
+/// The body as a JSON value (text is parsed; syntax errors read `invalid JSON request: ...`).
+pub(crate) fn to_value(body: RequestBody<'_>) -> Result<Value, RecipeError> {
+    match body {
+        RequestBody::Text(bytes) => serde_json::from_slice::<Value>(bytes)
+            .map_err(|e| RecipeError::InvalidBody(format!("invalid JSON request: {e}"))),
+        RequestBody::Value(v) => Ok(v),
+    }
 }

@@ -4,11 +4,15 @@ use serde::de::Error as _;
 use serde::{Deserialize, Deserializer};
 use serde_json::Value;
 
-use super::common::{self, bad, ChoiceSpec, Effort, FormatSpec, Resolved, Result, ToolSpec};
+use super::common::{
+    self, bad, BlockText, ChoiceSpec, Effort, FormatSpec, Resolved, Result, ToolSpec,
+};
 use super::images::{self, DataUrlError, UNSUPPORTED_FILE, UNSUPPORTED_IMAGE};
 use super::options::ConversionOptions;
 use super::ConversationRequest;
-use crate::conversation::{Conversation, ImageData, ImageDetail, ImageSource, Message, ToolCall};
+use crate::conversation::{
+    Conversation, ImageData, ImageDetail, ImageSource, Message, Role, ToolCall,
+};
 use crate::error::{ConversionError, RecipeError};
 use crate::render::ModelVersion;
 use crate::special::SpecialToken;
@@ -165,12 +169,12 @@ pub struct ChatCompletionRequestFunctionCall {
 pub struct ChatCompletionTool {
     #[serde(rename = "type")]
     pub kind: FunctionType,
-    pub function: ChatCompletionFunction,
+    pub function: ChatCompletionFunctionDefinition,
 }
 
 #[derive(Debug, Clone, Deserialize)]
-#[serde(rename = "ChatCompletionFunction")]
-pub struct ChatCompletionFunction {
+#[serde(rename = "ChatCompletionFunctionDefinition")]
+pub struct ChatCompletionFunctionDefinition {
     pub name: String,
     pub description: Option<String>,
     pub parameters: Option<Value>,
@@ -310,11 +314,7 @@ impl<'de> Deserialize<'de> for ChatToolChoice {
 impl ChatCompletionRequest {
     /// Parse a body (see [`super::parse_body`]), reading `max_completion_tokens` on the side.
     pub fn from_body(body: super::RequestBody<'_>) -> std::result::Result<Self, RecipeError> {
-        let value = match body {
-            super::RequestBody::Text(bytes) => serde_json::from_slice::<Value>(bytes)
-                .map_err(|e| RecipeError::InvalidBody(format!("invalid JSON request: {e}")))?,
-            super::RequestBody::Value(v) => v,
-        };
+        let value = super::body::to_value(body)?;
         let max_completion_tokens = value
             .get("max_completion_tokens")
             .and_then(Value::as_u64)
@@ -370,19 +370,27 @@ impl ChatCompletionRequest {
                 "Prompt must contain the word 'json' in some form to use 'response_format' of type 'json_object'.",
             ));
         }
-        let mut tools = common::finalize_tools(tool_specs)?;
-        let (format, format_constraint) = common::finalize_format(format_spec)?;
-
-        let switch = self.thinking.map(|t| t.kind != ThinkingType::Disabled);
-        let (thinking, effort) =
-            common::resolve_thinking(switch, self.reasoning_effort.map(Effort::from), options);
         let choice = match self.tool_choice {
             None | Some(ChatToolChoice::Auto) => ChoiceSpec::Auto,
             Some(ChatToolChoice::None) => ChoiceSpec::None,
             Some(ChatToolChoice::Required) => ChoiceSpec::Required,
             Some(ChatToolChoice::Function(name)) => ChoiceSpec::Named(name),
         };
-        let declared = !tools.is_empty();
+        let switch = self.thinking.map(|t| t.kind != ThinkingType::Disabled);
+        let (thinking, effort) =
+            common::resolve_thinking(switch, self.reasoning_effort.map(Effort::from), options);
+        let declared = !tool_specs.is_empty();
+        // Declared tools count, even when `tool_choice: none` drops them.
+        common::apply_reasoning_policy(
+            &mut messages,
+            thinking,
+            declared,
+            options,
+            "reasoning_content",
+        )?;
+        let mut tools = common::finalize_tools(tool_specs, &choice)?;
+        let (format, format_constraint) = common::finalize_format(format_spec)?;
+
         let tool_choice = common::resolve_tool_choice(choice, &mut tools, thinking)?;
         common::check_tool_rules(declared, &tools, &messages, has_response_format)?;
 
@@ -417,7 +425,6 @@ impl ChatCompletionRequest {
                 "Invalid seed value, the valid range of seed is [0, 2^63)",
             ));
         }
-        common::apply_reasoning_policy(&mut messages, thinking, !tools.is_empty(), options)?;
 
         let resolved = Resolved {
             thinking,
@@ -473,7 +480,7 @@ fn check_penalty(name: &str, value: Option<f32>) -> Result<()> {
 /// Joins content blocks into message text (blocks separated by blank lines, each image as one
 /// image token) and collects the images.
 struct ContentBuilder<'a> {
-    parts: Vec<String>,
+    text: BlockText,
     images: Vec<ImageSource>,
     image_token: &'a str,
     /// V4-Pro has no vision: every image or file becomes a text placeholder, unchecked.
@@ -487,7 +494,7 @@ pub(crate) const UNSUPPORTED_IMAGE_TEXT: &str = "[Unsupported Image]";
 impl<'a> ContentBuilder<'a> {
     fn new(image_token: &'a str, vision: bool, index: usize) -> Self {
         ContentBuilder {
-            parts: Vec::new(),
+            text: BlockText::default(),
             images: Vec::new(),
             image_token,
             vision,
@@ -501,21 +508,21 @@ impl<'a> ContentBuilder<'a> {
 
     fn push_image(&mut self, data: ImageData, detail: ImageDetail) {
         self.images.push(images::source(data, detail, &self.path));
-        self.parts.push(self.image_token.to_string());
+        self.text.push_image(self.image_token);
     }
 
     fn add(&mut self, content: Content) -> Result<()> {
         let parts = match content {
             Content::Text(s) => {
-                self.parts.push(s);
+                self.text.push_text(&s);
                 return Ok(());
             }
             Content::Parts(p) => p,
         };
         for part in parts {
             match part {
-                ChatCompletionRequestContentBlock::Text { text } => self.parts.push(text),
-                _ if !self.vision => self.parts.push(UNSUPPORTED_IMAGE_TEXT.to_string()),
+                ChatCompletionRequestContentBlock::Text { text } => self.text.push_text(&text),
+                _ if !self.vision => self.text.push_text(UNSUPPORTED_IMAGE_TEXT),
                 ChatCompletionRequestContentBlock::ImageUrl { image_url } => {
                     let detail = image_url
                         .detail
@@ -565,8 +572,9 @@ impl<'a> ContentBuilder<'a> {
         Ok(())
     }
 
-    fn text(&self) -> String {
-        self.parts.join("\n\n")
+    fn into_message(self, role: Role) -> Message {
+        let (text, placeholders) = self.text.finish();
+        Message::with_placeholders(role, text, self.images, placeholders)
     }
 }
 
@@ -597,19 +605,18 @@ fn convert_messages(
         let message = match m {
             ChatCompletionRequestMessage::System { content } => {
                 builder.add(content)?;
-                let text = builder.text();
                 // An empty system message is dropped.
-                if text.is_empty() {
+                if builder.text.is_empty() {
                     continue;
                 }
-                Message::system(text, builder.images, None, image_token)
+                builder.into_message(Role::System)
             }
             ChatCompletionRequestMessage::User { content } => {
                 builder.add(content)?;
-                Message::user(builder.text(), builder.images, image_token)
+                builder.into_message(Role::User)
             }
             ChatCompletionRequestMessage::LatestReminder { content } => {
-                Ok(Message::latest_reminder(content))
+                Message::latest_reminder(content)
             }
             ChatCompletionRequestMessage::Tool {
                 content,
@@ -633,12 +640,9 @@ fn convert_messages(
                     }
                 }
                 builder.add(content)?;
-                Message::tool(
-                    builder.text(),
-                    Some(tool_call_id),
-                    builder.images,
-                    image_token,
-                )
+                let mut m = builder.into_message(Role::Tool);
+                m.tool_call_id = Some(tool_call_id);
+                m
             }
             ChatCompletionRequestMessage::Assistant {
                 content,
@@ -677,15 +681,11 @@ fn convert_messages(
                 pending = calls
                     .as_ref()
                     .map(|c| c.iter().map(|c| c.id.clone()).collect());
-                Ok(Message::assistant(
-                    builder.text(),
-                    reasoning_content,
-                    calls,
-                    prefix,
-                ))
+                let (text, _) = builder.text.finish();
+                Message::assistant(text, reasoning_content, calls, prefix)
             }
         };
-        out.push(message.map_err(|e| bad(e.to_string()))?);
+        out.push(message);
     }
     if pending.is_some_and(|p| !p.is_empty()) {
         return Err(insufficient_tool_messages());

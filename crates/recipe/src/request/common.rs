@@ -39,10 +39,14 @@ pub(crate) fn resolve_model(options: &ConversionOptions, model: &str) -> Result<
 }
 
 pub(crate) fn check_tool_name(name: &str, path: &str) -> Result<()> {
-    let ok = !name.is_empty()
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
+    if name.is_empty() {
+        return Err(bad(format!(
+            "Invalid '{path}': empty string. Expected a string with minimum length 1, but got an empty string instead."
+        )));
+    }
+    let ok = name
+        .bytes()
+        .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
     if ok {
         Ok(())
     } else {
@@ -63,8 +67,15 @@ pub(crate) struct ToolSpec {
     pub defer_loading: bool,
 }
 
-/// Check names are unique and schemas valid, normalising strict ones, tool by tool.
-pub(crate) fn finalize_tools(specs: Vec<ToolSpec>) -> Result<Vec<ToolDefinition>> {
+/// Check names are unique and schemas valid, normalising strict ones, tool by tool. With
+/// `tool_choice: none` the tools are dropped unchecked.
+pub(crate) fn finalize_tools(
+    specs: Vec<ToolSpec>,
+    choice: &ChoiceSpec,
+) -> Result<Vec<ToolDefinition>> {
+    if *choice == ChoiceSpec::None {
+        return Ok(Vec::new());
+    }
     let mut out: Vec<ToolDefinition> = Vec::with_capacity(specs.len());
     for spec in specs {
         if out.iter().any(|t| t.name == spec.name) {
@@ -186,6 +197,7 @@ pub(crate) fn apply_reasoning_policy(
     thinking: bool,
     has_tools: bool,
     options: &ConversionOptions,
+    field: &str,
 ) -> Result<()> {
     let last_user = messages.iter().rposition(|m| m.role == Role::User);
     for (i, m) in messages.iter_mut().enumerate() {
@@ -199,9 +211,9 @@ pub(crate) fn apply_reasoning_policy(
         if m.reasoning_content.is_none() {
             let in_loop = last_user.is_none_or(|u| i > u) && (has_tools || m.tool_calls.is_some());
             if options.reasoning_content_behavior == ReasoningContentBehavior::Reject && in_loop {
-                return Err(bad(
-                    "The `reasoning_content` in the thinking mode must be passed back to the API.",
-                ));
+                return Err(bad(format!(
+                    "The `{field}` in the thinking mode must be passed back to the API."
+                )));
             }
             m.reasoning_content = Some(String::new());
         }
@@ -477,5 +489,44 @@ pub(crate) fn inference_options(
         top_logprobs,
         seed,
         output_constraint,
+    }
+}
+
+/// Message text assembled from content blocks: blocks joined by blank lines, each image as one
+/// image token whose span is recorded.
+#[derive(Default)]
+pub(crate) struct BlockText {
+    text: String,
+    blocks: usize,
+    placeholders: Vec<(usize, usize)>,
+}
+
+impl BlockText {
+    fn separate(&mut self) {
+        if self.blocks > 0 {
+            self.text.push_str("\n\n");
+        }
+        self.blocks += 1;
+    }
+
+    pub fn push_text(&mut self, text: &str) {
+        self.separate();
+        self.text.push_str(text);
+    }
+
+    pub fn push_image(&mut self, image_token: &str) {
+        self.separate();
+        let start = self.text.len();
+        self.text.push_str(image_token);
+        self.placeholders.push((start, self.text.len()));
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.text.is_empty()
+    }
+
+    /// (text, placeholder spans)
+    pub fn finish(self) -> (String, Vec<(usize, usize)>) {
+        (self.text, self.placeholders)
     }
 }

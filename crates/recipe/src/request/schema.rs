@@ -22,9 +22,27 @@ pub enum SchemaError {
     Rule(String),
 }
 
-/// JSON Schema meta-validation; the message of the first violation.
+/// JSON Schema meta-validation and compilation (local `$ref`s must resolve); the message of the
+/// first problem.
 pub fn meta_validate(schema: &Value) -> Result<(), String> {
-    jsonschema::meta::validate(schema).map_err(|e| e.to_string())
+    jsonschema::meta::validate(schema).map_err(|e| e.to_string())?;
+    jsonschema::options()
+        .with_retriever(NoRetrieval)
+        .build(schema)
+        .map(|_| ())
+        .map_err(|e| e.to_string())
+}
+
+/// Schemas are never fetched from elsewhere: a `$ref` outside the document is an error.
+struct NoRetrieval;
+
+impl jsonschema::Retrieve for NoRetrieval {
+    fn retrieve(
+        &self,
+        uri: &jsonschema::Uri<String>,
+    ) -> std::result::Result<Value, Box<dyn std::error::Error + Send + Sync>> {
+        Err(format!("Retrieval is disabled, cannot fetch {}", uri.as_str()).into())
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -64,7 +82,8 @@ pub fn normalize_strict(schema: &Value, top: Top) -> Result<Value, SchemaError> 
 enum Node {
     Object(ObjectNode),
     String(StringNode),
-    Number(&'static str, NumberNode),
+    Number(NumberNode),
+    Integer(IntegerNode),
     Boolean(Described),
     Null(Described),
     Array(ArrayNode),
@@ -165,22 +184,38 @@ struct NumberNode {
     multiple_of: Option<Number>,
 }
 
+/// Integer keywords are read as i64 (a fractional bound is an error, as in the official).
+#[derive(Debug, Clone, Deserialize)]
+struct IntegerNode {
+    description: Option<String>,
+    #[serde(rename = "const")]
+    constant: Option<i64>,
+    default: Option<i64>,
+    minimum: Option<i64>,
+    maximum: Option<i64>,
+    #[serde(rename = "exclusiveMinimum")]
+    exclusive_minimum: Option<i64>,
+    #[serde(rename = "exclusiveMaximum")]
+    exclusive_maximum: Option<i64>,
+    #[serde(rename = "multipleOf")]
+    multiple_of: Option<i64>,
+}
+
 #[derive(Debug, Clone, Deserialize)]
 struct ArrayNode {
     items: Box<Node>,
     description: Option<String>,
 }
 
-#[derive(Debug, Clone, Deserialize)]
+/// `anyOf` alternatives must be typed schemas; errors inside read `field `anyOf`: ...`.
+#[derive(Debug, Clone)]
 struct AnyOfNode {
-    #[serde(rename = "anyOf")]
     any_of: Vec<Node>,
     description: Option<String>,
 }
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone)]
 struct RefNode {
-    #[serde(rename = "$ref")]
     reference: String,
 }
 
@@ -245,40 +280,116 @@ fn node_from_value(value: Value) -> Result<Node, String> {
     let Value::Object(map) = &value else {
         return Err(KIND_REQUIRED.into());
     };
-    if let Some(t) = map.get("type") {
-        return match t {
-            Value::String(name) => match name.as_str() {
-                "object" => Ok(Node::Object(fields(value)?)),
-                "string" => Ok(Node::String(fields(value)?)),
-                "number" => Ok(Node::Number("number", fields(value)?)),
-                "integer" => Ok(Node::Number("integer", fields(value)?)),
-                "boolean" => Ok(Node::Boolean(fields(value)?)),
-                "null" => Ok(Node::Null(fields(value)?)),
-                "array" => Ok(Node::Array(fields(value)?)),
-                other => Err(serde_json::Error::unknown_variant(other, TYPES).to_string()),
-            },
-            Value::Array(items) => {
-                let mut types = Vec::with_capacity(items.len());
-                for item in items {
-                    let p: Primitive = serde_json::from_value(item.clone())
-                        .map_err(|e| format!("field `type`: {e}"))?;
-                    types.push(p);
-                }
-                Ok(Node::Multi(types, fields(value)?))
-            }
-            other => Err(
-                serde_json::Error::invalid_type(unexpected(other), &"variant identifier")
-                    .to_string(),
-            ),
-        };
+    match map.get("type") {
+        Some(Value::Array(_)) => return multi_type(value),
+        Some(_) => return typed(value),
+        None => {}
     }
     if map.contains_key("anyOf") {
-        return Ok(Node::AnyOf(fields(value)?));
+        return any_of(value);
     }
     if map.contains_key("$ref") {
-        return Ok(Node::Ref(fields(value)?));
+        let reference = match map.get("$ref") {
+            Some(Value::String(r)) => r.clone(),
+            Some(other) => {
+                return Err(format!(
+                    "field `$ref`: {}",
+                    serde_json::Error::invalid_type(unexpected(other), &"a string")
+                ))
+            }
+            None => unreachable!("checked above"),
+        };
+        return Ok(Node::Ref(RefNode { reference }));
     }
     Err(KIND_REQUIRED.into())
+}
+
+/// A schema with a single `type` (deepseek-recipe's internally tagged `JsonSchemaType`).
+fn typed(value: Value) -> Result<Node, String> {
+    let tag = match &value {
+        Value::Object(map) => match map.get("type") {
+            None => return Err("missing field `type`".into()),
+            Some(Value::String(name)) => name.clone(),
+            Some(other) => {
+                return Err(serde_json::Error::invalid_type(
+                    unexpected(other),
+                    &"variant identifier",
+                )
+                .to_string())
+            }
+        },
+        other => {
+            return Err(serde_json::Error::invalid_type(
+                unexpected(other),
+                &"internally tagged enum JsonSchemaType",
+            )
+            .to_string())
+        }
+    };
+    match tag.as_str() {
+        "object" => Ok(Node::Object(fields(value)?)),
+        "string" => Ok(Node::String(fields(value)?)),
+        "number" => Ok(Node::Number(fields(value)?)),
+        "integer" => Ok(Node::Integer(fields(value)?)),
+        "boolean" => Ok(Node::Boolean(fields(value)?)),
+        "null" => Ok(Node::Null(fields(value)?)),
+        "array" => Ok(Node::Array(fields(value)?)),
+        other => Err(serde_json::Error::unknown_variant(other, TYPES).to_string()),
+    }
+}
+
+/// `{"type": [...], "description": ...}`: errors name the field.
+fn multi_type(value: Value) -> Result<Node, String> {
+    let mut types = Vec::new();
+    let mut description = None;
+    if let Value::Object(map) = value {
+        for (key, v) in map {
+            match key.as_str() {
+                "type" => {
+                    let items: Vec<Value> =
+                        serde_json::from_value(v).map_err(|e| format!("field `type`: {e}"))?;
+                    for item in items {
+                        let p: Primitive = serde_json::from_value(item)
+                            .map_err(|e| format!("field `type`: {e}"))?;
+                        types.push(p);
+                    }
+                }
+                "description" => {
+                    description = serde_json::from_value::<Option<String>>(v)
+                        .map_err(|e| format!("field `description`: {e}"))?;
+                }
+                _ => {}
+            }
+        }
+    }
+    Ok(Node::Multi(types, Described { description }))
+}
+
+fn any_of(value: Value) -> Result<Node, String> {
+    let mut alternatives = Vec::new();
+    let mut description = None;
+    if let Value::Object(map) = value {
+        for (key, v) in map {
+            match key.as_str() {
+                "anyOf" => {
+                    let items: Vec<Value> =
+                        serde_json::from_value(v).map_err(|e| format!("field `anyOf`: {e}"))?;
+                    for item in items {
+                        alternatives.push(typed(item).map_err(|e| format!("field `anyOf`: {e}"))?);
+                    }
+                }
+                "description" => {
+                    description = serde_json::from_value::<Option<String>>(v)
+                        .map_err(|e| format!("field `description`: {e}"))?;
+                }
+                _ => {}
+            }
+        }
+    }
+    Ok(Node::AnyOf(AnyOfNode {
+        any_of: alternatives,
+        description,
+    }))
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -298,6 +409,11 @@ fn validate(node: &Node, properties_required: bool) -> Result<(), SchemaError> {
             if properties_required && props.is_none_or(|p| p.is_empty()) {
                 return Err(rule("An object with no properties is not allowed."));
             }
+            // Children are checked before this object's `required` list.
+            props
+                .into_iter()
+                .flatten()
+                .try_for_each(|(_, child)| validate(child, true))?;
             if let Some(required) = &o.required {
                 let mut seen = std::collections::HashSet::new();
                 for name in required {
@@ -316,10 +432,7 @@ fn validate(node: &Node, properties_required: bool) -> Result<(), SchemaError> {
                     ));
                 }
             }
-            props
-                .into_iter()
-                .flatten()
-                .try_for_each(|(_, child)| validate(child, true))
+            Ok(())
         }
         Node::Array(a) => validate(&a.items, true),
         Node::AnyOf(a) => a.any_of.iter().try_for_each(|n| validate(n, true)),
@@ -365,8 +478,25 @@ impl Node {
                     );
                 }
             }
-            Node::Number(kind, n) => {
-                m.insert("type".into(), (*kind).into());
+            Node::Integer(n) => {
+                m.insert("type".into(), "integer".into());
+                desc(&mut m, &n.description);
+                for (key, v) in [
+                    ("const", n.constant),
+                    ("default", n.default),
+                    ("minimum", n.minimum),
+                    ("maximum", n.maximum),
+                    ("exclusiveMinimum", n.exclusive_minimum),
+                    ("exclusiveMaximum", n.exclusive_maximum),
+                    ("multipleOf", n.multiple_of),
+                ] {
+                    if let Some(v) = v {
+                        m.insert(key.into(), Value::from(v));
+                    }
+                }
+            }
+            Node::Number(n) => {
+                m.insert("type".into(), "number".into());
                 desc(&mut m, &n.description);
                 for (key, v) in [
                     ("const", &n.constant),
