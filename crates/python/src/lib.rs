@@ -13,6 +13,8 @@ mod errors;
 mod json;
 mod options;
 mod request;
+mod response;
+mod stream;
 mod tokenizer;
 
 #[pymodule]
@@ -27,5 +29,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     enums::register_request_enums(m)?;
     options::register(m)?;
     request::register(m)?;
+    stream::register(m)?;
+    response::register(m)?;
     Ok(())
 }

@@ -14,6 +14,7 @@ use crate::enums::PyModelVersion;
 use crate::errors;
 use crate::json::to_json;
 use crate::options::{PyConversionOptions, PyInferenceOptions, PyParsingOptions};
+use crate::stream::{self, PyChatCompletionChunkGenerator};
 
 const CONSUMED: &str = "protocol request has been consumed";
 
@@ -138,6 +139,14 @@ impl PyChatCompletionRequest {
         py.detach(|| request.convert(options))
             .map(|inner| PyConversationRequest { inner })
             .map_err(|e| errors::conversion(&e))
+    }
+    #[staticmethod]
+    fn chunk_generator(
+        request: PyRef<'_, PyConversationRequest>,
+        id: String,
+        model: String,
+    ) -> PyChatCompletionChunkGenerator {
+        stream::chat_chunk_generator(&request.inner, id, model)
     }
 }
 

@@ -167,10 +167,12 @@ struct AccumulatedCall {
 #[derive(Clone, Debug, Default, PartialEq)]
 struct Choice {
     content: Option<String>,
-    /// `None`: the responses has no reasoning field; `Some(None)`: it is null.
-    reasoning: Option<Option<String>>,
+    /// Present once a delta carried a reasoning string (a null one does not create it).
+    reasoning: Option<String>,
     tool_calls: Vec<AccumulatedCall>,
     finish_reason: Option<&'static str>,
+    content_logprobs: Option<Vec<TokenLogprobs>>,
+    reasoning_logprobs: Option<Vec<TokenLogprobs>>,
 }
 
 /// The non-streaming body, built from the chunks of one response.
@@ -215,28 +217,14 @@ impl ChatCompletionResponse {
                 thinking,
                 continuation,
             } => {
-                if !thinking {
+                if !thinking || *continuation {
                     append(&mut c.content, "");
-                } else if *continuation {
-                    append(&mut c.content, "");
-                    c.reasoning.get_or_insert(None);
                 } else {
-                    match &mut c.reasoning {
-                        Some(r) => append(r, ""),
-                        None => c.reasoning = Some(Some(String::new())),
-                    }
+                    append(&mut c.reasoning, "");
                 }
             }
-            ChatDelta::Reasoning(text) => match &mut c.reasoning {
-                Some(r) => append(r, text),
-                None => c.reasoning = Some(Some(text.clone())),
-            },
-            ChatDelta::Content { text, thinking } => {
-                append(&mut c.content, text);
-                if *thinking {
-                    c.reasoning.get_or_insert(None);
-                }
-            }
+            ChatDelta::Reasoning(text) => append(&mut c.reasoning, text),
+            ChatDelta::Content { text, .. } => append(&mut c.content, text),
             ChatDelta::ToolStart { index, id, name } => c.tool_calls.push(AccumulatedCall {
                 index: *index,
                 id: id.clone(),
@@ -248,12 +236,15 @@ impl ChatCompletionResponse {
                     call.arguments.push_str(arguments);
                 }
             }
-            ChatDelta::Final { thinking } => {
-                append(&mut c.content, "");
-                if *thinking {
-                    c.reasoning.get_or_insert(None);
-                }
-            }
+            ChatDelta::Final { .. } => append(&mut c.content, ""),
+        }
+        if let Some((field, entries)) = &chunk.logprobs {
+            let list = match field {
+                LogprobField::Content => &mut c.content_logprobs,
+                LogprobField::Reasoning => &mut c.reasoning_logprobs,
+            };
+            list.get_or_insert_with(Vec::new)
+                .extend(entries.iter().cloned());
         }
         if chunk.finish_reason.is_some() {
             c.finish_reason = chunk.finish_reason;
@@ -277,7 +268,7 @@ impl ChatCompletionResponse {
             json::opt_string(&mut out, c.content.as_deref());
             if let Some(r) = &c.reasoning {
                 out.push_str(",\"reasoning_content\":");
-                json::opt_string(&mut out, r.as_deref());
+                json::string(&mut out, r);
             }
             if !c.tool_calls.is_empty() {
                 out.push_str(",\"tool_calls\":[");
@@ -297,7 +288,25 @@ impl ChatCompletionResponse {
                 }
                 out.push(']');
             }
-            out.push_str("},\"logprobs\":null,\"finish_reason\":");
+            out.push_str("},\"logprobs\":");
+            if c.content_logprobs.is_none() && c.reasoning_logprobs.is_none() {
+                out.push_str("null");
+            } else {
+                out.push('{');
+                if let Some(l) = &c.content_logprobs {
+                    out.push_str("\"content\":");
+                    json::logprobs(&mut out, l);
+                }
+                if let Some(l) = &c.reasoning_logprobs {
+                    if c.content_logprobs.is_some() {
+                        out.push(',');
+                    }
+                    out.push_str("\"reasoning_content\":");
+                    json::logprobs(&mut out, l);
+                }
+                out.push('}');
+            }
+            out.push_str(",\"finish_reason\":");
             json::opt_string(&mut out, c.finish_reason);
             out.push('}');
         }

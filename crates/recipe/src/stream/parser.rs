@@ -87,6 +87,12 @@ pub(crate) struct Parser {
     /// Parameters seen in the current invoke.
     params: usize,
     name: Vec<u8>,
+    /// The start of a multi-byte character whose other bytes are still to come, and its offset:
+    /// the automata settle bytes one at a time, so a byte that breaks a partial marker can be the
+    /// first of a character (`<` + `｜`… of `<｜DSML｜` followed by another character).
+    split_char: Vec<u8>,
+    split_at: usize,
+    stopped: bool,
     think_text: String,
     dsml_text: String,
 }
@@ -132,6 +138,9 @@ impl Parser {
             spaced: false,
             params: 0,
             name: Vec::new(),
+            split_char: Vec::new(),
+            split_at: 0,
+            stopped: false,
             think_text,
             dsml_text,
         }
@@ -140,6 +149,11 @@ impl Parser {
     /// Output bytes fed so far.
     pub fn offset(&self) -> usize {
         self.offset
+    }
+
+    /// A stop sequence ended the output.
+    pub fn stopped(&self) -> bool {
+        self.stopped
     }
 
     /// The stop sequence with index `i`.
@@ -257,11 +271,33 @@ impl Parser {
         self.matcher.reset();
         let from = self.offset - held.len();
         self.emit(&held, from, out);
+        // Cannot be left over (pushes hold whole characters); never drop bytes silently.
+        let split = std::mem::take(&mut self.split_char);
+        self.emit_settled(&split, self.split_at, out);
         self.stage = Stage::Done;
     }
 
     /// Settled text of the current stage.
-    fn emit(&mut self, bytes: &[u8], start: usize, out: &mut Vec<Out>) {
+    fn emit(&mut self, bytes: &[u8], mut start: usize, out: &mut Vec<Out>) {
+        let joined;
+        let mut bytes = bytes;
+        if !self.split_char.is_empty() {
+            let mut j = std::mem::take(&mut self.split_char);
+            j.extend_from_slice(bytes);
+            joined = j;
+            bytes = &joined;
+            start = self.split_at;
+        }
+        let cut = incomplete_tail(bytes);
+        if cut < bytes.len() {
+            self.split_char = bytes[cut..].to_vec();
+            self.split_at = start + cut;
+            bytes = &bytes[..cut];
+        }
+        self.emit_settled(bytes, start, out);
+    }
+
+    fn emit_settled(&mut self, bytes: &[u8], start: usize, out: &mut Vec<Out>) {
         if bytes.is_empty() {
             return;
         }
@@ -280,10 +316,12 @@ impl Parser {
             Stage::JsonPrefix | Stage::JsonSuffix => {
                 if !self.spaced {
                     self.spaced = true;
+                    // An empty range: the space stands for no token's text, so it carries no
+                    // log probabilities (the tokens of the replaced text are dropped).
                     out.push(Out::Content {
                         text: " ".to_string(),
                         start,
-                        end,
+                        end: start,
                     });
                 }
             }
@@ -309,6 +347,7 @@ impl Parser {
                 stage
             }
             (_, Marker::Stop(i)) => {
+                self.stopped = true;
                 out.push(Out::Stop(i));
                 Stage::Done
             }
@@ -395,5 +434,75 @@ impl Parser {
         }
         s.push_str(&String::from_utf8_lossy(rest));
         s
+    }
+}
+
+/// Where an incomplete UTF-8 sequence at the end of `bytes` starts (`bytes.len()` if none).
+fn incomplete_tail(bytes: &[u8]) -> usize {
+    let n = bytes.len();
+    for back in 1..=n.min(3) {
+        let b = bytes[n - back];
+        if b & 0xC0 == 0x80 {
+            continue; // a continuation byte: look further back for the lead byte
+        }
+        let len = match b {
+            0xC0..=0xDF => 2,
+            0xE0..=0xEF => 3,
+            0xF0..=0xF7 => 4,
+            _ => 1,
+        };
+        return if len > back { n - back } else { n };
+    }
+    n
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(options: &ParsingOptions, chunks: &[&str]) -> Vec<Out> {
+        let mut p = Parser::new(
+            options,
+            Spellings {
+                think_end: None,
+                dsml: None,
+            },
+        );
+        let mut out = Vec::new();
+        for c in chunks {
+            p.push(Mode::Text, c.as_bytes(), &mut out);
+        }
+        p.finish(&mut out);
+        out
+    }
+
+    fn content(out: &[Out]) -> String {
+        out.iter()
+            .filter_map(|o| match o {
+                Out::Content { text, .. } => Some(text.as_str()),
+                _ => None,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_byte_breaking_a_partial_marker_never_splits_a_character() {
+        let options = ParsingOptions {
+            parse_tool_calls: false,
+            ..ParsingOptions::default()
+        };
+        for text in ["<｜e", "<｜end▁of▁sentence｜>", "</日本", "<😀"] {
+            let out = parse(&options, &[text]);
+            assert_eq!(content(&out), text);
+            for o in &out {
+                if let Out::Content { text, .. } = o {
+                    assert!(!text.contains('\u{FFFD}'), "{text:?}");
+                }
+            }
+        }
+        assert_eq!(incomplete_tail(b"ab\xEF"), 2);
+        assert_eq!(incomplete_tail(b"ab\xEF\xBD"), 2);
+        assert_eq!(incomplete_tail("ab｜".as_bytes()), 5);
+        assert_eq!(incomplete_tail(b"\xF0\x9F\x98"), 0);
     }
 }

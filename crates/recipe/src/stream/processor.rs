@@ -3,9 +3,9 @@
 //! It owns the parser, the token decoder and one chunk generator, and keeps the usage counts:
 //! - completion tokens: the `token_count` of text chunks, or the decoded token ids (a trailing
 //!   incomplete UTF-8 sequence is dropped at the end and not counted);
-//! - reasoning tokens, only for token input with a thinking stage: like deepseek-recipe, the
-//!   reasoning text is encoded again and its tokens counted, so the count does not depend on how
-//!   the model split it into tokens;
+//! - reasoning tokens, reported when a tokenizer is attached and a thinking stage is set: like
+//!   deepseek-recipe, the reasoning text is encoded again and its tokens counted, so the count
+//!   does not depend on how the model (or the backend's text chunks) split it;
 //! - log probabilities follow the text of their token: a token's entry goes with the first
 //!   emitted piece that contains any of its text, and is dropped when all of it was markup.
 
@@ -53,9 +53,8 @@ pub struct StreamProcessor<G: ChunkGenerator> {
     ready: bool,
     info: StartInfo,
     completion_tokens: u64,
-    /// A thinking stage was set: token input reports reasoning tokens.
-    reasoning_stage: bool,
-    token_input: bool,
+    /// A thinking stage was set and a tokenizer attached: usage reports reasoning tokens.
+    count_reasoning: bool,
     reasoning_text: String,
     /// Log probabilities by output byte range, in order.
     logprobs: VecDeque<(usize, usize, TokenLogprobs)>,
@@ -75,6 +74,7 @@ impl<G: ChunkGenerator> StreamProcessor<G> {
                 think_end: None,
                 dsml: None,
             });
+        let count_reasoning = options.thinking_initial_stage.is_some() && tokenizer.is_some();
         StreamProcessor {
             generator,
             parser: Parser::new(options, spellings),
@@ -85,8 +85,7 @@ impl<G: ChunkGenerator> StreamProcessor<G> {
             ready: false,
             info: StartInfo::default(),
             completion_tokens: 0,
-            reasoning_stage: options.thinking_initial_stage.is_some(),
-            token_input: false,
+            count_reasoning,
             reasoning_text: String::new(),
             logprobs: VecDeque::new(),
             pieces: Vec::new(),
@@ -219,11 +218,10 @@ impl<G: ChunkGenerator> StreamProcessor<G> {
         });
         let mut decoded = Decoded::default();
         input.push(tokenizer, ids, logprobs, &mut decoded);
-        self.token_input = true;
-        self.completion_tokens = self.completion_tokens.saturating_add(decoded.tokens as u64);
         if decoded.bytes.is_empty() {
             // Nothing decodable yet (held UTF-8, unknown ids): like deepseek-recipe, such a push
             // produces no events, not even the first one.
+            self.count(decoded.pieces.iter().map(|&(_, n)| n).sum());
             return Ok(());
         }
         self.start(out);
@@ -233,10 +231,26 @@ impl<G: ChunkGenerator> StreamProcessor<G> {
                 self.logprobs.push_back((base + s, base + e, lp));
             }
         }
-        self.parser
-            .push(Mode::Tokens, &decoded.bytes, &mut self.pieces);
+        // Piece by piece, as deepseek-recipe does: when a stop sequence ends the output, the
+        // tokens of the pieces after the one holding it are not counted.
+        let mut from = 0;
+        for &(end, tokens) in &decoded.pieces {
+            self.count(tokens);
+            if end > from {
+                self.parser
+                    .push(Mode::Tokens, &decoded.bytes[from..end], &mut self.pieces);
+                from = end;
+                if self.parser.stopped() {
+                    break;
+                }
+            }
+        }
         self.dispatch(out);
         Ok(())
+    }
+
+    fn count(&mut self, tokens: usize) {
+        self.completion_tokens = self.completion_tokens.saturating_add(tokens as u64);
     }
 
     /// Log probabilities of the tokens whose text the output range `start..end` starts or holds.
@@ -278,7 +292,7 @@ impl<G: ChunkGenerator> StreamProcessor<G> {
                         iter.next();
                     }
                     let lp = self.take_logprobs(start, end);
-                    if self.reasoning_stage && self.token_input {
+                    if self.count_reasoning {
                         self.reasoning_text.push_str(&text);
                     }
                     self.generator.reasoning(text, lp, out);
@@ -286,17 +300,24 @@ impl<G: ChunkGenerator> StreamProcessor<G> {
                 Out::Content {
                     mut text,
                     start,
-                    mut end,
+                    end,
                 } => {
+                    // The log probabilities of the merged pieces' text (JSON-mode spaces have an
+                    // empty range and none).
+                    let mut range = (start < end).then_some((start, end));
                     while let Some(Out::Content {
-                        text: t, end: e, ..
+                        text: t,
+                        start: s,
+                        end: e,
                     }) = iter.peek()
                     {
                         text.push_str(t);
-                        end = *e;
+                        if s < e {
+                            range = Some(range.map_or((*s, *e), |(a, _)| (a, *e)));
+                        }
                         iter.next();
                     }
-                    let lp = self.take_logprobs(start, end);
+                    let lp = range.and_then(|(s, e)| self.take_logprobs(s, e));
                     self.generator.content(text, lp, out);
                 }
                 Out::ToolStart { name } => self.generator.tool_start(name, out),
@@ -334,9 +355,9 @@ impl<G: ChunkGenerator> StreamProcessor<G> {
     }
 
     fn usage(&self) -> Usage {
-        let reasoning_tokens = match (&self.tokenizer, self.reasoning_stage && self.token_input) {
-            (Some(_), true) if self.reasoning_text.is_empty() => Some(0),
-            (Some(t), true) => Some(
+        let reasoning_tokens = match &self.tokenizer {
+            Some(_) if self.count_reasoning && self.reasoning_text.is_empty() => Some(0),
+            Some(t) if self.count_reasoning => Some(
                 t.encode(&self.reasoning_text)
                     .map_or(0, |ids| ids.len() as u64),
             ),

@@ -42,7 +42,9 @@ pub(crate) struct TokenInput {
 #[derive(Default)]
 pub(crate) struct Decoded {
     pub bytes: Vec<u8>,
-    pub tokens: usize,
+    /// Decoder pieces: (end of its bytes, tokens it accounts for). A special token is a piece of
+    /// its own, so a push splits into pieces at special tokens.
+    pub pieces: Vec<(usize, usize)>,
     pub ranged: Vec<(usize, usize, Option<TokenLogprobs>)>,
 }
 
@@ -127,7 +129,7 @@ impl TokenInput {
         tokens: usize,
         out: &mut Decoded,
     ) {
-        out.tokens += tokens;
+        out.pieces.push((end, tokens));
         for _ in 0..tokens {
             let lp = waiting.pop_front().flatten();
             out.ranged.push((begin, end, lp));
@@ -141,14 +143,27 @@ impl TokenInput {
     }
 }
 
-/// The `token` / `bytes` of one id, as the protocol log probabilities report them.
+/// The `token` / `bytes` of one id, as the protocol log probabilities report them: the token's
+/// text, or when its bytes are not UTF-8 on their own (part of a character) every byte as
+/// `\xNN`, as deepseek-recipe writes it. An unknown id has no text and no bytes.
 pub(crate) fn logprob_entry(tokenizer: &Tokenizer, id: u32, logprob: f64) -> LogprobEntry {
     let bytes = tokenizer
         .token_bytes(id)
         .map(<[u8]>::to_vec)
         .unwrap_or_default();
+    let token = match std::str::from_utf8(&bytes) {
+        Ok(s) => s.to_string(),
+        Err(_) => {
+            use std::fmt::Write;
+            let mut s = String::with_capacity(bytes.len() * 4);
+            for b in &bytes {
+                let _ = write!(s, "\\x{b:02x}");
+            }
+            s
+        }
+    };
     LogprobEntry {
-        token: String::from_utf8_lossy(&bytes).into_owned(),
+        token,
         logprob,
         bytes,
     }
