@@ -273,8 +273,8 @@ impl PyResponsesChunkGenerator {
         custom_tools: Option<Vec<String>>,
     ) -> Self {
         let mut g = responses_chunk_generator(&request.inner, id, model);
-        if let (Some(names), Some(inner)) = (custom_tools, g.inner.take()) {
-            g.inner = Some(inner.with_custom_tools(names));
+        if let Some(names) = custom_tools {
+            g.inner = g.inner.take().map(|inner| inner.with_custom_tools(names));
         }
         g
     }
@@ -381,10 +381,10 @@ fn chunk_size(chunk: &InferenceChunk) -> usize {
 fn run<G: ChunkGenerator>(
     py: Python<'_>,
     p: &mut StreamProcessor<G>,
-    chunk: Option<InferenceChunk>,
+    chunk: Option<&InferenceChunk>,
 ) -> Result<Vec<G::Event>, StreamError> {
     match chunk {
-        Some(c) if chunk_size(&c) >= DETACH_BYTES => py.detach(|| p.push(c)),
+        Some(c) if chunk_size(c) >= DETACH_BYTES => py.detach(|| p.push(c)),
         Some(c) => p.push(c),
         None => p.finish(),
     }
@@ -409,7 +409,7 @@ impl PyStreamProcessor {
     fn step<'py>(
         &mut self,
         py: Python<'py>,
-        chunk: Option<InferenceChunk>,
+        chunk: Option<&InferenceChunk>,
     ) -> PyResult<Bound<'py, PyList>> {
         match &mut self.inner {
             Processor::Chat(p) => {
@@ -468,8 +468,7 @@ impl PyStreamProcessor {
         py: Python<'py>,
         chunk: PyRef<'_, PyInferenceChunk>,
     ) -> PyResult<Bound<'py, PyList>> {
-        let chunk = chunk.inner.clone();
-        self.step(py, Some(chunk))
+        self.step(py, Some(&chunk.inner))
     }
 
     fn finish<'py>(&mut self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {

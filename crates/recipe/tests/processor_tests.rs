@@ -82,7 +82,9 @@ fn partial_markers_never_leak() {
         let chars: Vec<(usize, char)> = marker.char_indices().collect();
         for &(cut, _) in chars.iter().skip(1) {
             let mut p = processor(opts.clone(), false);
-            let first = p.push(text(&format!("x{}", &marker[..cut]))).expect("push");
+            let first = p
+                .push(&text(&format!("x{}", &marker[..cut])))
+                .expect("push");
             let (r, c, _) = parts(&first);
             let shown = format!("{r}{c}");
             // Nothing of the partial marker is out yet ("x" itself may be, or its JSON space).
@@ -91,7 +93,10 @@ fn partial_markers_never_leak() {
                 "{marker:?} cut {cut}: {shown:?}"
             );
             let mut all = first;
-            all.extend(p.push(text(&format!("{}y", &marker[cut..]))).expect("push"));
+            all.extend(
+                p.push(&text(&format!("{}y", &marker[cut..])))
+                    .expect("push"),
+            );
             if !p.finished() {
                 all.extend(p.finish().expect("finish"));
             }
@@ -126,7 +131,7 @@ fn multi_byte_characters_are_never_split() {
             token_ids: vec![*id],
             logprobs: None,
         };
-        let events = p.push(chunk).expect("push");
+        let events = p.push(&chunk).expect("push");
         for e in &events {
             if let ChatDelta::Content { text, .. } = &e.delta {
                 assert!(!text.contains('\u{FFFD}'), "{text:?}");
@@ -146,7 +151,7 @@ fn an_incomplete_tail_is_dropped_and_not_counted() {
     // 3574 is the first two bytes of a four-byte character.
     let mut p = processor(options(|_| {}), true);
     let mut all = p
-        .push(InferenceChunk::Tokens {
+        .push(&InferenceChunk::Tokens {
             token_ids: vec![33, 3574],
             logprobs: None,
         })
@@ -165,14 +170,14 @@ fn an_incomplete_tail_is_dropped_and_not_counted() {
 fn misuse_errors_match_the_official_messages() {
     let mut p = processor(options(|_| {}), false);
     let e = p
-        .push(InferenceChunk::Tokens {
+        .push(&InferenceChunk::Tokens {
             token_ids: vec![1],
             logprobs: None,
         })
         .expect_err("no tokenizer");
     assert_eq!(e.to_string(), "token chunk received without a tokenizer");
     // A stream error closes the processor.
-    assert_eq!(p.push(text("x")), Err(StreamError::Closed));
+    assert_eq!(p.push(&text("x")), Err(StreamError::Closed));
     assert_eq!(p.finish(), Err(StreamError::Closed));
     assert!(!p.finished());
 
@@ -182,7 +187,7 @@ fn misuse_errors_match_the_official_messages() {
         top_logprobs: vec![],
     };
     let e = p
-        .push(InferenceChunk::Tokens {
+        .push(&InferenceChunk::Tokens {
             token_ids: vec![1, 2],
             logprobs: Some(vec![lp]),
         })
@@ -193,10 +198,10 @@ fn misuse_errors_match_the_official_messages() {
     );
 
     let mut p = processor(options(|o| o.stop_sequences = vec!["STOP".into()]), false);
-    p.push(text("a STOP b")).expect("push");
+    p.push(&text("a STOP b")).expect("push");
     assert!(p.finished());
     assert_eq!(
-        p.push(InferenceChunk::Finish(InferenceFinishReason::Stop)),
+        p.push(&InferenceChunk::Finish(InferenceFinishReason::Stop)),
         Err(StreamError::Finished)
     );
     assert_eq!(p.finish(), Ok(vec![]));
@@ -223,7 +228,7 @@ fn stop_sequence_ends_counting_at_the_piece_that_holds_it() {
     let eos = ids.iter().position(|&i| i == 1).expect("eos");
     let mut p = processor(options(|o| o.stop_sequences = vec!["STOP".into()]), true);
     let events = p
-        .push(InferenceChunk::Tokens {
+        .push(&InferenceChunk::Tokens {
             token_ids: ids,
             logprobs: None,
         })

@@ -20,6 +20,9 @@ struct Inner {
     bytes: Vec<Option<Box<[u8]>>>,
     /// id -> whether it is an added token (decoded as its own piece of text).
     is_added: Vec<bool>,
+    /// The first characters of the added-vocabulary spellings: text that contains none of them
+    /// cannot contain an added token.
+    added_first: Vec<char>,
 }
 
 /// A loaded tokenizer. Cloning is cheap (the vocabulary is shared).
@@ -85,12 +88,16 @@ impl Tokenizer {
                 bytes[id as usize] = Some(t.into_bytes().into_boxed_slice());
             }
         }
+        let mut added_first: Vec<char> = added.keys().filter_map(|s| s.chars().next()).collect();
+        added_first.sort_unstable();
+        added_first.dedup();
         Tokenizer {
             inner: Arc::new(Inner {
                 hf,
                 added,
                 bytes,
                 is_added,
+                added_first,
             }),
             parallelism: Parallelism::Auto,
         }
@@ -117,6 +124,16 @@ impl Tokenizer {
             .encode_fast(text, false)
             .map_err(|e| TokenizerError::Encode(e.to_string()))?;
         Ok(enc.get_ids().to_vec())
+    }
+
+    /// The number of ids [`Tokenizer::encode`] gives for `text`. Text that cannot hold an
+    /// added-vocabulary spelling takes the plain path, which gives the same ids and runs in
+    /// parallel for long text (the stream processor counts reasoning tokens with it).
+    pub fn count_tokens(&self, text: &str) -> Result<usize> {
+        if self.inner.added_first.iter().any(|&c| text.contains(c)) {
+            return Ok(self.encode(text)?.len());
+        }
+        Ok(self.encode_prompt(text, &[])?.len())
     }
 
     /// Encode plain text with the BPE model only: no added-vocabulary matching, no BOS.

@@ -83,3 +83,25 @@ fn full_vocabulary_encode_matches_special_spellings() {
     let plain = tok.encode_plain("a<｜User｜>b").unwrap();
     assert!(!plain.contains(&128803), "{plain:?}");
 }
+
+#[test]
+fn count_tokens_equals_full_vocabulary_encode() {
+    let tok = common::tokenizer();
+    let long = "The model reasons in English, 中文，和日本語の文。 ".repeat(200);
+    for text in [
+        "",
+        "plain text without specials",
+        "a<｜User｜>b",
+        "x</think>y",
+        "｜DSML｜ invoke",
+        "<｜end▁of▁sentence｜> and more",
+        "fullwidth，commas：and（brackets）",
+        long.as_str(),
+    ] {
+        assert_eq!(
+            tok.count_tokens(text).unwrap(),
+            tok.encode(text).unwrap().len(),
+            "{text:?}"
+        );
+    }
+}

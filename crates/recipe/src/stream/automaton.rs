@@ -25,6 +25,9 @@ struct State {
     depth: u32,
     /// The longest pattern that ends in this state (its index), including suffix matches.
     out: Option<u32>,
+    /// Patterns (bit = index, first 64) of which this state or a state on its failure chain is a
+    /// prefix: the patterns with a partial match in progress.
+    partial: u64,
 }
 
 #[derive(Clone, Debug)]
@@ -47,6 +50,7 @@ impl<T: Copy> Automaton<T> {
             fail: 0,
             depth: 0,
             out: None,
+            partial: 0,
         }];
         let mut starts = [false; 256];
         for (index, pattern) in patterns.iter().enumerate() {
@@ -63,6 +67,7 @@ impl<T: Copy> Automaton<T> {
                             fail: 0,
                             depth,
                             out: None,
+                            partial: 0,
                         });
                         let row = &mut states[s].next;
                         let at = row.partition_point(|&(x, _)| x < b);
@@ -70,6 +75,9 @@ impl<T: Copy> Automaton<T> {
                         n as usize
                     }
                 };
+                if index < 64 {
+                    states[s].partial |= 1 << index;
+                }
             }
             // Two patterns with the same bytes: the first one wins.
             if states[s].out.is_none() {
@@ -100,6 +108,7 @@ impl<T: Copy> Automaton<T> {
                 if states[n].out.is_none() {
                     states[n].out = states[fail as usize].out;
                 }
+                states[n].partial |= states[fail as usize].partial;
                 queue.push_back(n);
             }
         }
@@ -130,13 +139,19 @@ impl<T: Copy> Automaton<T> {
         self.states[s as usize].depth as usize
     }
 
-    /// The longest pattern ending in state `s`: its length and tag.
+    /// The longest pattern ending in state `s`: its length, tag and index.
     #[inline]
-    pub fn output(&self, s: u32) -> Option<(usize, T)> {
+    pub fn output(&self, s: u32) -> Option<(usize, T, usize)> {
         self.states[s as usize].out.map(|i| {
             let p = &self.patterns[i as usize];
-            (p.bytes.len(), p.tag)
+            (p.bytes.len(), p.tag, i as usize)
         })
+    }
+
+    /// The patterns (bit = index) with a partial match in progress in state `s`.
+    #[inline]
+    pub fn partials(&self, s: u32) -> u64 {
+        self.states[s as usize].partial
     }
 
     /// Whether `b` can begin a pattern.
@@ -174,7 +189,7 @@ mod tests {
         let mut s = 0;
         for (i, &b) in text.as_bytes().iter().enumerate() {
             s = a.step(s, b);
-            if let Some((_, tag)) = a.output(s) {
+            if let Some((_, tag, _)) = a.output(s) {
                 return Some((i + 1, tag));
             }
         }

@@ -7,10 +7,12 @@
 //! - a partial match in the Aho–Corasick automaton (`</th` of `</think>`);
 //! - a *newline run*: markers such as `</think>` in reasoning and `<｜DSML｜` absorb the newlines
 //!   right before them (`\n*</think>`), so newlines are held while they could still be absorbed.
-//!   A run only starts on a newline that arrives while nothing but the run is held. A newline that
-//!   breaks a partial match (`<` then `\n`) is settled with it and does not start a run: that is
-//!   what deepseek-recipe does (`a<\n\n</think>` gives the reasoning `a<\n`), and replicating it
-//!   keeps text and token input agreeing with the official byte for byte;
+//!   deepseek-recipe matches each marker on its own, and a newline that breaks a partial match of
+//!   a marker is text *for that marker*: `a<\n\n</think>` gives the reasoning `a<\n`, while
+//!   `</th\n\n<｜DSML｜` gives `</th` (the partial `</th` was of `</think>`, not of the DSML
+//!   opener). A run therefore remembers which markers had a partial match when it started, and
+//!   each of those absorbs one newline less. Replicating this keeps text and token input equal
+//!   to the official byte for byte;
 //! - a *fence candidate*: the JSON fence marker is "```", then any language tag, then a newline.
 //!   After "```" the candidate grows until a newline completes it; any other marker completing
 //!   first (`{`, `[`, `</think>`) cancels it and its bytes become text.
@@ -41,13 +43,22 @@ pub(crate) enum Step<T> {
     Match { text: usize, marker: usize, tag: T },
 }
 
+/// A run of newlines in the held bytes: where it starts, how long it is, and the markers
+/// (pattern index bits) that had a partial match when it began.
+#[derive(Clone, Copy, Debug, Default)]
+struct Run {
+    start: usize,
+    len: usize,
+    leak: u64,
+}
+
 #[derive(Clone, Debug, Default)]
 pub(crate) struct Matcher<T> {
     state: u32,
     /// Bytes held back (the last `held` bytes of the output so far).
     held: usize,
-    /// Length of the newline run at the start of the held bytes.
-    run: usize,
+    /// The newline run a marker could still absorb.
+    run: Option<Run>,
     /// Start (within the held bytes) and tag of an incomplete fence.
     fence: Option<(usize, T)>,
 }
@@ -57,7 +68,7 @@ impl<T: MarkerKind> Matcher<T> {
         Matcher {
             state: 0,
             held: 0,
-            run: 0,
+            run: None,
             fence: None,
         }
     }
@@ -79,13 +90,14 @@ impl<T: MarkerKind> Matcher<T> {
     pub fn reset(&mut self) {
         self.state = 0;
         self.held = 0;
-        self.run = 0;
+        self.run = None;
         self.fence = None;
     }
 
     /// Feed one byte. `newline_runs`: the stage has markers that absorb newlines.
     pub fn feed(&mut self, a: &Automaton<T>, newline_runs: bool, b: u8) -> Step<T> {
         let before = self.held;
+        let before_state = self.state;
         self.held += 1;
         if b == b'\n' {
             if let Some((start, tag)) = self.fence {
@@ -96,20 +108,35 @@ impl<T: MarkerKind> Matcher<T> {
                     tag,
                 };
             }
-            if newline_runs && before == self.run {
-                self.run += 1;
+            if newline_runs {
+                match &mut self.run {
+                    Some(r) if r.start + r.len == before => r.len += 1,
+                    _ => {
+                        self.run = Some(Run {
+                            start: before,
+                            len: 1,
+                            leak: a.partials(before_state),
+                        })
+                    }
+                }
             }
         }
-        self.state = a.step(self.state, b);
-        if let Some((len, tag)) = a.output(self.state) {
+        self.state = a.step(before_state, b);
+        if let Some((len, tag, index)) = a.output(self.state) {
             let start = self.held - len;
             if tag.is_fence() {
                 if self.fence.is_none() {
                     self.fence = Some((start, tag));
                 }
             } else {
-                let absorbed = tag.absorbs_newlines() && self.run > 0 && start == self.run;
-                let text = if absorbed { 0 } else { start };
+                let absorbed = match self.run {
+                    Some(r) if tag.absorbs_newlines() && r.start + r.len == start => {
+                        let leaks = index < 64 && r.leak & (1 << index) != 0;
+                        r.len - usize::from(leaks)
+                    }
+                    _ => 0,
+                };
+                let text = start - absorbed;
                 let held = self.held;
                 self.reset();
                 return Step::Match {
@@ -120,20 +147,26 @@ impl<T: MarkerKind> Matcher<T> {
             }
         }
         let partial = self.held - a.depth(self.state);
-        let earliest = self.fence.map_or(partial, |(f, _)| f.min(partial));
-        if self.run > 0 && earliest > self.run {
-            // Text that starts no marker follows the newlines: they are not a prefix any more.
-            self.run = 0;
+        let mut earliest = self.fence.map_or(partial, |(f, _)| f.min(partial));
+        if let Some(r) = self.run {
+            if b != b'\n' && earliest > r.start + r.len {
+                // Text that starts no marker follows the newlines: they are not a prefix any more.
+                self.run = None;
+            } else {
+                earliest = earliest.min(r.start);
+            }
         }
-        let keep_from = if self.run > 0 { 0 } else { earliest };
-        if keep_from == 0 {
+        if earliest == 0 {
             return Step::Hold;
         }
-        self.held -= keep_from;
+        self.held -= earliest;
         if let Some((f, _)) = self.fence.as_mut() {
-            *f -= keep_from;
+            *f -= earliest;
         }
-        Step::Settle(keep_from)
+        if let Some(r) = self.run.as_mut() {
+            r.start -= earliest;
+        }
+        Step::Settle(earliest)
     }
 }
 
@@ -207,6 +240,14 @@ mod tests {
         assert_eq!(run(&a, "x\n<</think>").0, "x\n<");
         assert_eq!(run(&a, "a<<<\n\n\n</think>").0, "a<<<\n");
         assert_eq!(run(&a, "a\n\nb\n").0, "a\n\nb\n");
+    }
+
+    #[test]
+    fn a_newline_leaks_only_for_the_marker_it_broke() {
+        let a = automaton(&[("</think>", M::End), ("<|X|", M::End)]);
+        assert_eq!(run(&a, "</th\n\n<|X|").0, "</th");
+        assert_eq!(run(&a, "x<\n\n<|X|").0, "x<\n");
+        assert_eq!(run(&a, "x<|\n\n</think>").0, "x<|");
     }
 
     #[test]

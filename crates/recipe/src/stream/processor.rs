@@ -114,7 +114,7 @@ impl<G: ChunkGenerator> StreamProcessor<G> {
     }
 
     /// Process one chunk. A stream error closes the processor.
-    pub fn push(&mut self, chunk: InferenceChunk) -> Result<Vec<G::Event>, StreamError> {
+    pub fn push(&mut self, chunk: &InferenceChunk) -> Result<Vec<G::Event>, StreamError> {
         self.check_open()?;
         let mut out = Vec::new();
         match chunk {
@@ -128,7 +128,7 @@ impl<G: ChunkGenerator> StreamProcessor<G> {
                     self.info = StartInfo {
                         prompt_tokens: usage.prompt_tokens,
                         cached_tokens: usage.prompt_cache_hit_tokens,
-                        system_fingerprint,
+                        system_fingerprint: system_fingerprint.clone(),
                     };
                     self.start(&mut out);
                 }
@@ -137,7 +137,7 @@ impl<G: ChunkGenerator> StreamProcessor<G> {
                 content,
                 token_count,
             } => {
-                self.completion_tokens = self.completion_tokens.saturating_add(token_count);
+                self.completion_tokens = self.completion_tokens.saturating_add(*token_count);
                 self.start(&mut out);
                 self.parser
                     .push(Mode::Text, content.as_bytes(), &mut self.pieces);
@@ -147,7 +147,7 @@ impl<G: ChunkGenerator> StreamProcessor<G> {
                 token_ids,
                 logprobs,
             } => {
-                if let Err(e) = self.tokens(&token_ids, logprobs, &mut out) {
+                if let Err(e) = self.tokens(token_ids, logprobs.as_deref(), &mut out) {
                     self.close();
                     return Err(e);
                 }
@@ -189,13 +189,13 @@ impl<G: ChunkGenerator> StreamProcessor<G> {
     fn tokens(
         &mut self,
         ids: &[u32],
-        logprobs: Option<Vec<TokenLogprob>>,
+        logprobs: Option<&[TokenLogprob]>,
         out: &mut Vec<G::Event>,
     ) -> Result<(), StreamError> {
         let (Some(tokenizer), Some(input)) = (self.tokenizer.as_ref(), self.tokens.as_mut()) else {
             return Err(StreamError::NoTokenizer);
         };
-        if let Some(lps) = &logprobs {
+        if let Some(lps) = logprobs {
             if lps.len() != ids.len() {
                 return Err(StreamError::LogprobCount {
                     logprobs: lps.len(),
@@ -357,10 +357,9 @@ impl<G: ChunkGenerator> StreamProcessor<G> {
     fn usage(&self) -> Usage {
         let reasoning_tokens = match &self.tokenizer {
             Some(_) if self.count_reasoning && self.reasoning_text.is_empty() => Some(0),
-            Some(t) if self.count_reasoning => Some(
-                t.encode(&self.reasoning_text)
-                    .map_or(0, |ids| ids.len() as u64),
-            ),
+            Some(t) if self.count_reasoning => {
+                Some(t.count_tokens(&self.reasoning_text).map_or(0, |n| n as u64))
+            }
             _ => None,
         };
         Usage {

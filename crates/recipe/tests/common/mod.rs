@@ -102,7 +102,7 @@ fn drive<G: ChunkGenerator>(
             prompt_cache_hit_tokens: 3,
         };
         events.extend(
-            p.push(InferenceChunk::Ready {
+            p.push(&InferenceChunk::Ready {
                 prompt_usage: Some(usage),
                 system_fingerprint: Some("fp_x".into()),
             })
@@ -123,11 +123,11 @@ fn drive<G: ChunkGenerator>(
                 logprobs: None,
             },
         };
-        events.extend(p.push(chunk).expect("push"));
+        events.extend(p.push(&chunk).expect("push"));
     }
     if !p.finished() {
         events.extend(
-            p.push(InferenceChunk::Finish(finish))
+            p.push(&InferenceChunk::Finish(finish))
                 .expect("finish chunk"),
         );
     }
