@@ -237,3 +237,27 @@ fn stop_sequence_ends_counting_at_the_piece_that_holds_it() {
     assert_eq!(usage.completion_tokens, eos as u64);
     assert_eq!(parts(&events).1, "Hello ");
 }
+
+#[test]
+fn long_reasoning_is_counted_exactly_in_the_background() {
+    let tok = common::tokenizer();
+    let sentence =
+        "Thinking about <｜User｜> tokens, 日本語の文 and numbers 12345.\nNext line here. ";
+    let reasoning: String = sentence.repeat(400);
+    let opts = options(|o| o.thinking_initial_stage = Some(ThinkingInitialStage::ReasoningStart));
+    let mut p = processor(opts, true);
+    let mut events = Vec::new();
+    for word in reasoning.split_inclusive(' ') {
+        events.extend(p.push(&text(word)).expect("push"));
+    }
+    events.extend(p.push(&text("</think>done")).expect("push"));
+    events.extend(p.finish().expect("finish"));
+    let (r, c, _) = parts(&events);
+    assert!(
+        r == reasoning && c == "done",
+        "reasoning or content differs"
+    );
+    let usage = events.last().and_then(|e| e.usage).expect("usage");
+    let want = tok.encode(r.as_str()).expect("encodes").len() as u64;
+    assert_eq!(usage.reasoning_tokens, Some(want));
+}

@@ -25,6 +25,20 @@ struct Inner {
     added_first: Vec<char>,
 }
 
+/// A token count computing on another thread ([`Tokenizer::count_tokens_in_background`]).
+/// (The receiver sits in a mutex so that holders stay `Sync`, as Python objects must be.)
+pub struct PendingCount(std::sync::Mutex<std::sync::mpsc::Receiver<usize>>);
+
+impl PendingCount {
+    /// Wait for the count.
+    pub fn wait(self) -> usize {
+        match self.0.into_inner() {
+            Ok(rx) => rx.recv().unwrap_or(0),
+            Err(poisoned) => poisoned.into_inner().recv().unwrap_or(0),
+        }
+    }
+}
+
 /// A loaded tokenizer. Cloning is cheap (the vocabulary is shared).
 #[derive(Clone)]
 pub struct Tokenizer {
@@ -134,6 +148,23 @@ impl Tokenizer {
             return Ok(self.encode(text)?.len());
         }
         Ok(self.encode_prompt(text, &[])?.len())
+    }
+
+    /// [`Tokenizer::count_tokens`] on a pool thread: the stream processor counts settled
+    /// reasoning text while output keeps arriving.
+    pub fn count_tokens_in_background(&self, text: String) -> PendingCount {
+        let (tx, rx) = std::sync::mpsc::channel();
+        let tokenizer = self.with_parallelism(Parallelism::Threads(1));
+        parallel::spawn(self.parallelism.threads(), move || {
+            let _ = tx.send(tokenizer.count_tokens(&text).unwrap_or(0));
+        });
+        PendingCount(std::sync::Mutex::new(rx))
+    }
+
+    /// The first position at or after `from` where `text` can be cut so that counting (or
+    /// encoding) the two parts gives the same as the whole (`None`: no such position).
+    pub fn safe_cut(text: &str, from: usize) -> Option<usize> {
+        parallel::cut_at_or_after(text, from)
     }
 
     /// Encode plain text with the BPE model only: no added-vocabulary matching, no BOS.

@@ -105,3 +105,21 @@ fn count_tokens_equals_full_vocabulary_encode() {
         );
     }
 }
+
+#[test]
+fn counting_the_parts_at_safe_cuts_counts_the_whole() {
+    let tok = common::tokenizer();
+    let text = "Some words here, 中文和日本語。\nA new line <｜User｜> more words 123456 end.\n"
+        .repeat(300);
+    let whole = tok.encode(&text).unwrap().len();
+    let mut rest = text.as_str();
+    let mut pending = Vec::new();
+    while let Some(cut) = deepring_tokenizer::Tokenizer::safe_cut(rest, 1000) {
+        pending.push(tok.count_tokens_in_background(rest[..cut].to_string()));
+        rest = &rest[cut..];
+    }
+    assert!(pending.len() > 5);
+    let parts: usize =
+        pending.into_iter().map(|p| p.wait()).sum::<usize>() + tok.count_tokens(rest).unwrap();
+    assert_eq!(parts, whole);
+}

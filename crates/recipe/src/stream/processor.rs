@@ -11,7 +11,7 @@
 
 use std::collections::VecDeque;
 
-use deepring_tokenizer::Tokenizer;
+use deepring_tokenizer::{PendingCount, Tokenizer};
 use thiserror::Error;
 
 use super::chunk::{InferenceChunk, InferenceFinishReason, TokenLogprob};
@@ -55,7 +55,9 @@ pub struct StreamProcessor<G: ChunkGenerator> {
     completion_tokens: u64,
     /// A thinking stage was set and a tokenizer attached: usage reports reasoning tokens.
     count_reasoning: bool,
+    /// Settled reasoning not yet counted, and counts running on the tokenizer's pool.
     reasoning_text: String,
+    reasoning_counts: Vec<PendingCount>,
     /// Log probabilities by output byte range, in order.
     logprobs: VecDeque<(usize, usize, TokenLogprobs)>,
     pieces: Vec<Out>,
@@ -87,6 +89,7 @@ impl<G: ChunkGenerator> StreamProcessor<G> {
             completion_tokens: 0,
             count_reasoning,
             reasoning_text: String::new(),
+            reasoning_counts: Vec::new(),
             logprobs: VecDeque::new(),
             pieces: Vec::new(),
             args: Vec::new(),
@@ -294,6 +297,7 @@ impl<G: ChunkGenerator> StreamProcessor<G> {
                     let lp = self.take_logprobs(start, end);
                     if self.count_reasoning {
                         self.reasoning_text.push_str(&text);
+                        self.count_settled_reasoning();
                     }
                     self.generator.reasoning(text, lp, out);
                 }
@@ -354,11 +358,34 @@ impl<G: ChunkGenerator> StreamProcessor<G> {
         self.logprobs.clear();
     }
 
-    fn usage(&self) -> Usage {
+    /// Hand the counting of long settled reasoning to the tokenizer's pool, cut where counting the
+    /// parts gives the count of the whole, so the count is ready (or nearly) at the end.
+    fn count_settled_reasoning(&mut self) {
+        const BATCH: usize = 4096;
+        let Some(t) = &self.tokenizer else {
+            return;
+        };
+        if self.reasoning_text.len() < 2 * BATCH {
+            return;
+        }
+        if let Some(cut) = Tokenizer::safe_cut(&self.reasoning_text, BATCH) {
+            let rest = self.reasoning_text.split_off(cut);
+            let done = std::mem::replace(&mut self.reasoning_text, rest);
+            self.reasoning_counts
+                .push(t.count_tokens_in_background(done));
+        }
+    }
+
+    fn usage(&mut self) -> Usage {
         let reasoning_tokens = match &self.tokenizer {
-            Some(_) if self.count_reasoning && self.reasoning_text.is_empty() => Some(0),
             Some(t) if self.count_reasoning => {
-                Some(t.count_tokens(&self.reasoning_text).map_or(0, |n| n as u64))
+                let rest = t.count_tokens(&self.reasoning_text).unwrap_or(0);
+                let done: usize = self
+                    .reasoning_counts
+                    .drain(..)
+                    .map(PendingCount::wait)
+                    .sum();
+                Some((rest + done) as u64)
             }
             _ => None,
         };
