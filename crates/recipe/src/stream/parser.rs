@@ -92,6 +92,9 @@ pub(crate) struct Parser {
     /// first of a character (`<` + `｜`… of `<｜DSML｜` followed by another character).
     split_char: Vec<u8>,
     split_at: usize,
+    /// Where the leading newlines a new turn drops began: their tokens' log probabilities go with
+    /// the first text after them, as deepseek-recipe attaches them.
+    lead: Option<usize>,
     stopped: bool,
     think_text: String,
     dsml_text: String,
@@ -140,6 +143,7 @@ impl Parser {
             name: Vec::new(),
             split_char: Vec::new(),
             split_at: 0,
+            lead: None,
             stopped: false,
             think_text,
             dsml_text,
@@ -212,6 +216,7 @@ impl Parser {
                 }
                 Stage::ReasoningStart | Stage::ContentStart => {
                     if input[i] == b'\n' {
+                        self.lead.get_or_insert(self.offset);
                         i += 1;
                         self.offset += 1;
                     } else {
@@ -297,11 +302,14 @@ impl Parser {
         self.emit_settled(bytes, start, out);
     }
 
-    fn emit_settled(&mut self, bytes: &[u8], start: usize, out: &mut Vec<Out>) {
+    fn emit_settled(&mut self, bytes: &[u8], mut start: usize, out: &mut Vec<Out>) {
         if bytes.is_empty() {
             return;
         }
         let end = start + bytes.len();
+        if let Some(lead) = self.lead.take() {
+            start = start.min(lead);
+        }
         match self.stage {
             Stage::Reasoning => out.push(Out::Reasoning {
                 text: self.text(bytes),
