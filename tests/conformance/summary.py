@@ -967,7 +967,11 @@ def _chat_merge(a: dict, b: dict) -> None:
     _chat_set_text(a, _chat_text(a) + _chat_text(b))
     la, lb = a["choices"][0].get("logprobs"), b["choices"][0].get("logprobs")
     if la is not None or lb is not None:
-        merged = {"content": ((la or {}).get("content") or []) + ((lb or {}).get("content") or [])}
+        # Per field: reasoning deltas carry `reasoning_content` log probabilities.
+        merged: dict = {}
+        for part in (la or {}, lb or {}):
+            for key, entries in part.items():
+                merged.setdefault(key, []).extend(entries or [])
         a["choices"][0]["logprobs"] = merged
 
 

@@ -1,5 +1,6 @@
 //! The single mapping from core errors to Python exceptions.
 
+use deepring_recipe::stream::StreamError;
 use deepring_recipe::{ConversionError, RecipeError};
 use deepring_tokenizer::TokenizerError;
 use pyo3::exceptions::{PyException, PyOSError, PyRuntimeError, PyValueError};
@@ -44,6 +45,19 @@ pub(crate) fn recipe(e: RecipeError) -> PyErr {
         RecipeError::InvalidBody(m) | RecipeError::InvalidArgument(m) => PyValueError::new_err(m),
         RecipeError::Misuse(m) => PyRuntimeError::new_err(m),
     }
+}
+
+/// Stream misuse and malformed chunks: `RuntimeError` with the official messages.
+pub(crate) fn stream(e: StreamError) -> PyErr {
+    PyRuntimeError::new_err(e.to_string())
+}
+
+pub(crate) fn generator_consumed() -> PyErr {
+    PyRuntimeError::new_err("chunk generator has been consumed")
+}
+
+pub(crate) fn chunk_consumed() -> PyErr {
+    PyRuntimeError::new_err("protocol chunk has been consumed")
 }
 
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {

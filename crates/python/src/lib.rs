@@ -13,6 +13,8 @@ mod errors;
 mod json;
 mod options;
 mod request;
+mod response;
+mod stream;
 mod tokenizer;
 
 #[pymodule]
@@ -28,5 +30,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     options::register(m)?;
     request::register(m)?;
     request::register_responses(m)?;
+    stream::register(m)?;
+    response::register(m)?;
     Ok(())
 }

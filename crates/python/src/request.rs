@@ -14,6 +14,7 @@ use crate::enums::PyModelVersion;
 use crate::errors;
 use crate::json::to_json;
 use crate::options::{PyConversionOptions, PyInferenceOptions, PyParsingOptions};
+use crate::stream::{self, PyChatCompletionChunkGenerator};
 
 const CONSUMED: &str = "protocol request has been consumed";
 
@@ -139,6 +140,14 @@ impl PyChatCompletionRequest {
             .map(|inner| PyConversationRequest { inner })
             .map_err(|e| errors::conversion(&e))
     }
+    #[staticmethod]
+    fn chunk_generator(
+        request: PyRef<'_, PyConversationRequest>,
+        id: String,
+        model: String,
+    ) -> PyChatCompletionChunkGenerator {
+        stream::chat_chunk_generator(&request.inner, id, model)
+    }
 }
 
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
@@ -150,59 +159,9 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
 // ---------------------------------------------------------------------------------------------
 // Responses
 
-use deepring_recipe::request::responses::{ResponsesEchoData, ResponsesRequest};
+use crate::stream::{responses_echo, PyResponsesEcho};
+use deepring_recipe::request::responses::ResponsesRequest;
 use pyo3::types::{PyDict, PyTuple};
-
-#[pyclass(module = "deepring_recipe._native", name = "ResponsesEcho", frozen)]
-#[derive(Clone)]
-pub(crate) struct PyResponsesEcho {
-    pub(crate) inner: ResponsesEchoData,
-}
-
-#[pymethods]
-impl PyResponsesEcho {
-    #[new]
-    fn new() -> Self {
-        PyResponsesEcho {
-            inner: ResponsesEchoData {
-                instructions: None,
-                max_output_tokens: None,
-                temperature: 1.0,
-                top_p: 1.0,
-                top_logprobs: 0,
-                user: None,
-                reasoning: serde_json::json!({"effort": null, "summary": null}),
-                text: serde_json::json!({"format": {"type": "text"}, "verbosity": null}),
-                tool_choice: serde_json::json!("auto"),
-                tools: serde_json::json!([]),
-            },
-        }
-    }
-    #[getter]
-    fn instructions(&self) -> Option<&str> {
-        self.inner.instructions.as_deref()
-    }
-    #[getter]
-    fn max_output_tokens(&self) -> Option<u32> {
-        self.inner.max_output_tokens
-    }
-    #[getter]
-    fn temperature(&self) -> f64 {
-        f64::from(self.inner.temperature)
-    }
-    #[getter]
-    fn top_p(&self) -> f64 {
-        f64::from(self.inner.top_p)
-    }
-    #[getter]
-    fn top_logprobs(&self) -> u8 {
-        self.inner.top_logprobs
-    }
-    #[getter]
-    fn user(&self) -> Option<&str> {
-        self.inner.user.as_deref()
-    }
-}
 
 #[pyclass(module = "deepring_recipe._native", name = "ResponsesRequest", frozen)]
 pub(crate) struct PyResponsesRequest {
@@ -236,7 +195,7 @@ impl PyResponsesRequest {
         Ok(dict)
     }
     fn echo(&self) -> PyResult<PyResponsesEcho> {
-        peek(&self.slot, |r| PyResponsesEcho { inner: r.echo() })
+        peek(&self.slot, |r| responses_echo(r.echo()))
     }
     fn convert(
         &self,
@@ -249,10 +208,17 @@ impl PyResponsesRequest {
             .map(|inner| PyConversationRequest { inner })
             .map_err(|e| errors::conversion(&e))
     }
+    #[staticmethod]
+    fn chunk_generator(
+        request: PyRef<'_, PyConversationRequest>,
+        id: String,
+        model: String,
+    ) -> crate::stream::PyResponsesChunkGenerator {
+        crate::stream::responses_chunk_generator(&request.inner, id, model)
+    }
 }
 
 pub(crate) fn register_responses(m: &Bound<'_, PyModule>) -> PyResult<()> {
-    m.add_class::<PyResponsesEcho>()?;
     m.add_class::<PyResponsesRequest>()?;
     Ok(())
 }

@@ -5,7 +5,9 @@ pub mod error;
 pub mod pyjson;
 pub mod render;
 pub mod request;
+pub mod response;
 pub mod special;
+pub mod stream;
 
 pub use conversation::{
     Conversation, ImageData, ImageDetail, ImageSource, Message, ReasoningEffort, ResponseFormat,

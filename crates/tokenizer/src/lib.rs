@@ -15,4 +15,4 @@ mod tokenizer;
 pub use decode::{IncrementalDecoder, Piece};
 pub use error::TokenizerError;
 pub use parallel::{set_default_threads, Parallelism, Tuning};
-pub use tokenizer::Tokenizer;
+pub use tokenizer::{PendingCount, Tokenizer};

@@ -136,6 +136,25 @@ fn pool(threads: usize) -> Option<&'static rayon::ThreadPool> {
     }
 }
 
+/// Run `job` on a pool thread (so the caller can go on), or on the calling thread when no pool can
+/// be had. The job hands its result back through a channel.
+pub(crate) fn spawn(threads: usize, job: impl FnOnce() + Send + 'static) {
+    match pool(threads.max(2)) {
+        Some(pool) => pool.spawn(job),
+        None => job(),
+    }
+}
+
+/// The first position at or after `from` where `text` can be cut without changing how it
+/// pre-tokenizes (see [`split_points`]).
+pub(crate) fn cut_at_or_after(text: &str, from: usize) -> Option<usize> {
+    let from = from.max(1);
+    if from >= text.len() {
+        return None;
+    }
+    find_cut(text, text.as_bytes(), from, text.len())
+}
+
 /// Map `f` over `items`, in parallel when `threads > 1` and the work is large enough.
 /// The output is in input order.
 pub(crate) fn map_pieces<T, F>(

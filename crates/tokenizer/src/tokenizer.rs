@@ -20,6 +20,23 @@ struct Inner {
     bytes: Vec<Option<Box<[u8]>>>,
     /// id -> whether it is an added token (decoded as its own piece of text).
     is_added: Vec<bool>,
+    /// The first characters of the added-vocabulary spellings: text that contains none of them
+    /// cannot contain an added token.
+    added_first: Vec<char>,
+}
+
+/// A token count computing on another thread ([`Tokenizer::count_tokens_in_background`]).
+/// (The receiver sits in a mutex so that holders stay `Sync`, as Python objects must be.)
+pub struct PendingCount(std::sync::Mutex<std::sync::mpsc::Receiver<usize>>);
+
+impl PendingCount {
+    /// Wait for the count.
+    pub fn wait(self) -> usize {
+        match self.0.into_inner() {
+            Ok(rx) => rx.recv().unwrap_or(0),
+            Err(poisoned) => poisoned.into_inner().recv().unwrap_or(0),
+        }
+    }
 }
 
 /// A loaded tokenizer. Cloning is cheap (the vocabulary is shared).
@@ -85,12 +102,16 @@ impl Tokenizer {
                 bytes[id as usize] = Some(t.into_bytes().into_boxed_slice());
             }
         }
+        let mut added_first: Vec<char> = added.keys().filter_map(|s| s.chars().next()).collect();
+        added_first.sort_unstable();
+        added_first.dedup();
         Tokenizer {
             inner: Arc::new(Inner {
                 hf,
                 added,
                 bytes,
                 is_added,
+                added_first,
             }),
             parallelism: Parallelism::Auto,
         }
@@ -117,6 +138,33 @@ impl Tokenizer {
             .encode_fast(text, false)
             .map_err(|e| TokenizerError::Encode(e.to_string()))?;
         Ok(enc.get_ids().to_vec())
+    }
+
+    /// The number of ids [`Tokenizer::encode`] gives for `text`. Text that cannot hold an
+    /// added-vocabulary spelling takes the plain path, which gives the same ids and runs in
+    /// parallel for long text (the stream processor counts reasoning tokens with it).
+    pub fn count_tokens(&self, text: &str) -> Result<usize> {
+        if self.inner.added_first.iter().any(|&c| text.contains(c)) {
+            return Ok(self.encode(text)?.len());
+        }
+        Ok(self.encode_prompt(text, &[])?.len())
+    }
+
+    /// [`Tokenizer::count_tokens`] on a pool thread: the stream processor counts settled
+    /// reasoning text while output keeps arriving.
+    pub fn count_tokens_in_background(&self, text: String) -> PendingCount {
+        let (tx, rx) = std::sync::mpsc::channel();
+        let tokenizer = self.with_parallelism(Parallelism::Threads(1));
+        parallel::spawn(self.parallelism.threads(), move || {
+            let _ = tx.send(tokenizer.count_tokens(&text).unwrap_or(0));
+        });
+        PendingCount(std::sync::Mutex::new(rx))
+    }
+
+    /// The first position at or after `from` where `text` can be cut so that counting (or
+    /// encoding) the two parts gives the same as the whole (`None`: no such position).
+    pub fn safe_cut(text: &str, from: usize) -> Option<usize> {
+        parallel::cut_at_or_after(text, from)
     }
 
     /// Encode plain text with the BPE model only: no added-vocabulary matching, no BOS.

@@ -83,3 +83,43 @@ fn full_vocabulary_encode_matches_special_spellings() {
     let plain = tok.encode_plain("a<｜User｜>b").unwrap();
     assert!(!plain.contains(&128803), "{plain:?}");
 }
+
+#[test]
+fn count_tokens_equals_full_vocabulary_encode() {
+    let tok = common::tokenizer();
+    let long = "The model reasons in English, 中文，和日本語の文。 ".repeat(200);
+    for text in [
+        "",
+        "plain text without specials",
+        "a<｜User｜>b",
+        "x</think>y",
+        "｜DSML｜ invoke",
+        "<｜end▁of▁sentence｜> and more",
+        "fullwidth，commas：and（brackets）",
+        long.as_str(),
+    ] {
+        assert_eq!(
+            tok.count_tokens(text).unwrap(),
+            tok.encode(text).unwrap().len(),
+            "{text:?}"
+        );
+    }
+}
+
+#[test]
+fn counting_the_parts_at_safe_cuts_counts_the_whole() {
+    let tok = common::tokenizer();
+    let text = "Some words here, 中文和日本語。\nA new line <｜User｜> more words 123456 end.\n"
+        .repeat(300);
+    let whole = tok.encode(&text).unwrap().len();
+    let mut rest = text.as_str();
+    let mut pending = Vec::new();
+    while let Some(cut) = deepring_tokenizer::Tokenizer::safe_cut(rest, 1000) {
+        pending.push(tok.count_tokens_in_background(rest[..cut].to_string()));
+        rest = &rest[cut..];
+    }
+    assert!(pending.len() > 5);
+    let parts: usize =
+        pending.into_iter().map(|p| p.wait()).sum::<usize>() + tok.count_tokens(rest).unwrap();
+    assert_eq!(parts, whole);
+}

@@ -406,6 +406,11 @@ impl ChatCompletionRequest {
             }
         };
         let stream = self.stream.unwrap_or(false);
+        let include_usage = self
+            .stream_options
+            .as_ref()
+            .and_then(|o| o.include_usage)
+            .unwrap_or(false);
         if self.stream_options.is_some() && !stream {
             return Err(bad("stream_options should be set along with stream = true"));
         }
@@ -464,6 +469,10 @@ impl ChatCompletionRequest {
             parsing_options: parsing,
             model_version: version,
             stream,
+            output: super::OutputOptions {
+                include_usage,
+                ..Default::default()
+            },
         })
     }
 }

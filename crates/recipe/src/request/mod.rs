@@ -11,6 +11,7 @@ mod images;
 pub mod messages;
 mod options;
 pub mod responses;
+mod responses_echo;
 pub mod schema;
 
 pub use body::{parse_body, RequestBody};
@@ -31,6 +32,19 @@ pub struct ConversationRequest {
     pub parsing_options: ParsingOptions,
     pub model_version: ModelVersion,
     pub stream: bool,
+    /// What the chunk generators need from the request besides the conversation.
+    pub output: OutputOptions,
+}
+
+/// Request facts that shape the streamed events rather than the prompt.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct OutputOptions {
+    /// Chat Completions `stream_options.include_usage`: streamed chunks without usage then say
+    /// `"usage":null` (they omit it when streaming without it).
+    pub include_usage: bool,
+    /// Responses custom tools (`apply_patch`) that conversion declared as function tools: their
+    /// calls become `custom_tool_call` items.
+    pub custom_tools: Vec<String>,
 }
 
 impl ConversationRequest {
@@ -42,6 +56,7 @@ impl ConversationRequest {
             parsing_options: ParsingOptions::default(),
             model_version,
             stream: false,
+            output: OutputOptions::default(),
         }
     }
 

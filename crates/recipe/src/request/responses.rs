@@ -56,9 +56,6 @@ pub struct ResponsesRequest {
     pub top_logprobs: Option<u8>,
     pub top_p: Option<f32>,
     pub user: Option<String>,
-    /// `text`, `tool_choice` and `tools` as sent, for the response object's echo.
-    #[serde(skip)]
-    pub raw_echo: Value,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -165,11 +162,45 @@ pub enum ResponsesTool {
         description: Option<String>,
         tools: Vec<ResponsesNamespaceTool>,
     },
-    WebSearch {},
+    WebSearch(WebSearchTool),
     #[serde(rename = "web_search_2025_08_26")]
-    WebSearch20250826 {},
+    WebSearch20250826(WebSearchTool),
     #[serde(other)]
     Other,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(rename = "ResponsesWebSearchTool")]
+pub struct WebSearchTool {
+    pub search_context_size: Option<SearchContextSize>,
+    pub user_location: Option<UserLocation>,
+}
+
+#[derive(Debug, Clone, Copy, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SearchContextSize {
+    Low,
+    Medium,
+    High,
+}
+
+impl SearchContextSize {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SearchContextSize::Low => "low",
+            SearchContextSize::Medium => "medium",
+            SearchContextSize::High => "high",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(rename = "ResponsesUserLocation")]
+pub struct UserLocation {
+    pub city: Option<String>,
+    pub country: Option<String>,
+    pub region: Option<String>,
+    pub timezone: Option<String>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -452,58 +483,9 @@ impl<'de> Deserialize<'de> for ResponsesInput {
 // ---------------------------------------------------------------------------------------------
 // Conversion
 
-/// The request settings a Responses response object reports back.
-#[derive(Clone, Debug, PartialEq)]
-pub struct ResponsesEchoData {
-    pub instructions: Option<String>,
-    pub max_output_tokens: Option<u32>,
-    pub temperature: f32,
-    pub top_p: f32,
-    pub top_logprobs: u8,
-    pub user: Option<String>,
-    /// `{"effort": ..., "summary": ...}` as requested.
-    pub reasoning: Value,
-    /// `{"format": ..., "verbosity": ...}` as requested.
-    pub text: Value,
-    pub tool_choice: Value,
-    pub tools: Value,
-}
-
 impl ResponsesRequest {
     pub fn from_body(body: super::RequestBody<'_>) -> std::result::Result<Self, RecipeError> {
-        let value = super::body::to_value(body)?;
-        let mut raw_echo = serde_json::Map::new();
-        for key in ["text", "tool_choice", "tools"] {
-            if let Some(v) = value.get(key) {
-                raw_echo.insert(key.to_string(), v.clone());
-            }
-        }
-        let mut request: ResponsesRequest = super::parse_body(super::RequestBody::Value(value))?;
-        request.raw_echo = Value::Object(raw_echo);
-        Ok(request)
-    }
-
-    /// What the response object echoes of this request.
-    pub fn echo(&self) -> ResponsesEchoData {
-        let raw = &self.raw_echo;
-        ResponsesEchoData {
-            instructions: self.instructions.clone(),
-            max_output_tokens: self.max_output_tokens,
-            temperature: self.temperature.unwrap_or(1.0),
-            top_p: self.top_p.unwrap_or(1.0),
-            top_logprobs: self.top_logprobs.unwrap_or(0),
-            user: self.user.clone(),
-            reasoning: json!({
-                "effort": self.reasoning.as_ref().and_then(|r| r.effort).map(ResponsesEffort::as_str),
-                "summary": self.reasoning.as_ref().and_then(|r| r.summary.clone()),
-            }),
-            text: json!({
-                "format": raw.get("text").and_then(|t| t.get("format")).cloned().unwrap_or(json!({"type": "text"})),
-                "verbosity": self.text.as_ref().and_then(|t| t.verbosity).map(Verbosity::as_str),
-            }),
-            tool_choice: raw.get("tool_choice").cloned().unwrap_or(json!("auto")),
-            tools: raw.get("tools").cloned().unwrap_or(json!([])),
-        }
+        super::parse_body(body)
     }
 
     /// Declared tools as conversion reads them. With `all` false only what the namespace map
@@ -601,7 +583,7 @@ impl ResponsesRequest {
                         });
                     }
                 }
-                ResponsesTool::WebSearch {} | ResponsesTool::WebSearch20250826 {}
+                ResponsesTool::WebSearch(_) | ResponsesTool::WebSearch20250826(_)
                     if all && options.responses_web_search == WebSearchBehavior::Reject =>
                 {
                     return Err(bad("Server tools are not supported"));
@@ -716,6 +698,16 @@ impl ResponsesRequest {
         };
         let constraint = common::output_constraint(&resolved);
         let parsing = common::parsing_options(resolved, options);
+        // Calls of declared custom tools come back as `custom_tool_call` items.
+        let custom_tools = self
+            .tools
+            .iter()
+            .flatten()
+            .filter_map(|t| match t {
+                ResponsesTool::Custom { name, .. } => Some(name.clone()),
+                _ => None,
+            })
+            .collect();
         let inference = common::inference_options(
             self.max_output_tokens,
             common::sampling(
@@ -743,6 +735,10 @@ impl ResponsesRequest {
             parsing_options: parsing,
             model_version: version,
             stream: self.stream.unwrap_or(false),
+            output: super::OutputOptions {
+                custom_tools,
+                ..Default::default()
+            },
         })
     }
 

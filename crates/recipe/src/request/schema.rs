@@ -306,36 +306,71 @@ fn node_from_value(value: Value) -> Result<Node, String> {
 
 /// A schema with a single `type` (deepseek-recipe's internally tagged `JsonSchemaType`).
 fn typed(value: Value) -> Result<Node, String> {
-    let tag = match &value {
+    let (tag, content) = match value {
         Value::Object(map) => match map.get("type") {
             None => return Err("missing field `type`".into()),
-            Some(Value::String(name)) => name.clone(),
-            Some(other) => {
-                return Err(serde_json::Error::invalid_type(
-                    unexpected(other),
-                    &"variant identifier",
-                )
-                .to_string())
-            }
+            Some(Value::String(name)) => (name.clone(), Value::Object(map)),
+            Some(other) => return Err(not_a_variant(other)),
         },
+        // serde reads an internally tagged enum from a sequence too: the tag first, then the
+        // variant's fields by position.
+        Value::Array(mut items) => {
+            if items.is_empty() {
+                return Err("missing field `type`".into());
+            }
+            let rest = items.split_off(1);
+            match &items[0] {
+                Value::String(name) => {
+                    let name = name.clone();
+                    check_positional(&name, rest.len())?;
+                    (name, Value::Array(rest))
+                }
+                other => return Err(not_a_variant(other)),
+            }
+        }
         other => {
             return Err(serde_json::Error::invalid_type(
-                unexpected(other),
+                unexpected(&other),
                 &"internally tagged enum JsonSchemaType",
             )
             .to_string())
         }
     };
     match tag.as_str() {
-        "object" => Ok(Node::Object(fields(value)?)),
-        "string" => Ok(Node::String(fields(value)?)),
-        "number" => Ok(Node::Number(fields(value)?)),
-        "integer" => Ok(Node::Integer(fields(value)?)),
-        "boolean" => Ok(Node::Boolean(fields(value)?)),
-        "null" => Ok(Node::Null(fields(value)?)),
-        "array" => Ok(Node::Array(fields(value)?)),
+        "object" => Ok(Node::Object(fields(content)?)),
+        "string" => Ok(Node::String(fields(content)?)),
+        "number" => Ok(Node::Number(fields(content)?)),
+        "integer" => Ok(Node::Integer(fields(content)?)),
+        "boolean" => Ok(Node::Boolean(fields(content)?)),
+        "null" => Ok(Node::Null(fields(content)?)),
+        "array" => Ok(Node::Array(fields(content)?)),
         other => Err(serde_json::Error::unknown_variant(other, TYPES).to_string()),
     }
+}
+
+fn not_a_variant(v: &Value) -> String {
+    serde_json::Error::invalid_type(unexpected(v), &"variant identifier").to_string()
+}
+
+/// A positional (sequence) variant needs all of its fields, as deepseek-recipe's types count them.
+fn check_positional(tag: &str, given: usize) -> Result<(), String> {
+    let (variant, needed) = match tag {
+        "object" => ("Object", 5),
+        "string" => ("String", 4),
+        "number" => ("Number", 8),
+        "integer" => ("Integer", 8),
+        "boolean" => ("Boolean", 1),
+        "null" => ("Null", 1),
+        "array" => ("Array", 2),
+        other => return Err(serde_json::Error::unknown_variant(other, TYPES).to_string()),
+    };
+    if given >= needed {
+        return Ok(());
+    }
+    let plural = if needed == 1 { "" } else { "s" };
+    Err(format!(
+        "invalid length {given}, expected struct variant JsonSchemaType::{variant} with {needed} element{plural}"
+    ))
 }
 
 /// `{"type": [...], "description": ...}`: errors name the field.
