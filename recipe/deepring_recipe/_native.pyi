@@ -1,59 +1,568 @@
+# Generated from the built deepring_recipe._native by tools/gen_stub.py: do not edit by hand;
+# annotations come from the tables in that script. Regenerate with `./dev stub`.
+
 from collections.abc import Sequence
-from typing import Any, Literal, TypeAlias, final
+from typing import Any, ClassVar, Literal, TypeAlias, final
+
+from typing_extensions import disjoint_base
 
 __all__ = [
+    "IMAGE_SPECIAL_TOKEN_ID",
+    "AssistantMessage",
+    "BytesImageSource",
     "ChatCompletionChunk",
     "ChatCompletionChunkGenerator",
+    "ChatCompletionRequest",
     "ChatCompletionResponse",
+    "Conversation",
+    "ConversationRequest",
+    "ConversionError",
+    "ConversionOptions",
+    "DataUrlImageSource",
+    "DeepseekV4Encoding",
+    "DeepseekV41Encoding",
+    "ImageSource",
     "InferenceChunk",
     "InferenceFinishReason",
+    "InferenceOptions",
+    "LatestReminderMessage",
+    "Message",
     "MessagesChunkGenerator",
+    "MessagesRequest",
     "MessagesResponse",
     "MessagesStreamEvent",
+    "ModelVersion",
+    "OutputConstraint",
+    "ParsingOptions",
     "PromptUsage",
+    "ReasoningContentBehavior",
+    "RenderedPrompt",
     "ResponsesChunkGenerator",
     "ResponsesEcho",
+    "ResponsesRequest",
     "ResponsesResponse",
     "ResponsesStreamEvent",
+    "SpecialToken",
+    "SpecialTokens",
     "StreamProcessor",
+    "SystemMessage",
+    "ThinkingInitialStage",
     "Tokenizer",
+    "ToolCall",
+    "ToolDefinition",
+    "ToolMessage",
+    "UrlImageSource",
+    "UserMessage",
+    "WebSearchBehavior",
     "__version__",
 ]
+
+_RequestBody: TypeAlias = bytes | str | dict[str, Any]
+_Role: TypeAlias = Literal["system", "user", "assistant", "tool", "latest_reminder"]
+_ToolChoice: TypeAlias = Literal["auto", "none", "required"]
+_ReasoningEffort: TypeAlias = Literal["low", "high", "xhigh", "max"]
+_ResponseFormat: TypeAlias = Literal["text", "json_object", "json_schema", "regex"]
+_ImageDetail: TypeAlias = Literal["low", "high", "original", "auto"]
+_ImageSourceKind: TypeAlias = Literal["data_url", "url", "bytes"]
+_Logprobs: TypeAlias = Sequence[tuple[float, Sequence[tuple[int, float]]]]
+_ChunkGenerator: TypeAlias = (
+    ChatCompletionChunkGenerator | ResponsesChunkGenerator | MessagesChunkGenerator
+)
+_Event: TypeAlias = ChatCompletionChunk | ResponsesStreamEvent | MessagesStreamEvent
+
 __version__: str
+IMAGE_SPECIAL_TOKEN_ID: int
+
+class ConversionError(Exception):
+    """Raised when a protocol request is invalid or cannot be converted."""
+
+    status_code: int
+    body: str
+
+@final
+class SpecialToken:
+    Bos: SpecialToken
+    Eos: SpecialToken
+    ThinkingStart: SpecialToken
+    ThinkingEnd: SpecialToken
+    System: SpecialToken
+    User: SpecialToken
+    Assistant: SpecialToken
+    LatestReminder: SpecialToken
+    Dsml: SpecialToken
+    Image: SpecialToken
+    Ref: SpecialToken
+    RefEnd: SpecialToken
+    Box: SpecialToken
+    BoxEnd: SpecialToken
+    Point: SpecialToken
+    PointEnd: SpecialToken
+    Polygon: SpecialToken
+    PolygonEnd: SpecialToken
+    __hash__: ClassVar[None]  # type: ignore[assignment]
+    def __lt__(self, value: SpecialToken, /) -> bool: ...
+    def __le__(self, value: SpecialToken, /) -> bool: ...
+    def __eq__(self, value: object, /) -> bool: ...
+    def __ne__(self, value: object, /) -> bool: ...
+    def __gt__(self, value: SpecialToken, /) -> bool: ...
+    def __ge__(self, value: SpecialToken, /) -> bool: ...
+    def __int__(self) -> int: ...
+    def default_str(self) -> str: ...
+
+@final
+class ModelVersion:
+    DeepseekV4Pro: ModelVersion
+    DeepseekV41Flash: ModelVersion
+    __hash__: ClassVar[None]  # type: ignore[assignment]
+    def __lt__(self, value: ModelVersion, /) -> bool: ...
+    def __le__(self, value: ModelVersion, /) -> bool: ...
+    def __eq__(self, value: object, /) -> bool: ...
+    def __ne__(self, value: object, /) -> bool: ...
+    def __gt__(self, value: ModelVersion, /) -> bool: ...
+    def __ge__(self, value: ModelVersion, /) -> bool: ...
+    def __int__(self) -> int: ...
 
 @final
 class Tokenizer:
     """A Hugging Face `tokenizer.json` for prompt encoding and streaming decode.
 
     `threads` sets how many threads prompt encoding uses; `None` means
-    `DEEPRING_TOKENIZER_THREADS`, else every available core.
-    """
+    `DEEPRING_TOKENIZER_THREADS`, else every available core."""
 
+    @property
+    def threads(self) -> int: ...
+    @property
+    def vocab_size(self) -> int: ...
     @staticmethod
     def from_file(path: str, *, threads: int | None = None) -> Tokenizer: ...
     @staticmethod
     def from_str(text: str, *, threads: int | None = None) -> Tokenizer: ...
     def with_threads(self, threads: int | None) -> Tokenizer:
-        """Return a tokenizer sharing this vocabulary with another thread count."""
-    @property
-    def threads(self) -> int: ...
-    @property
-    def vocab_size(self) -> int: ...
+        """A tokenizer sharing this vocabulary whose prompt encoding uses `threads` threads
+        (`None`: `DEEPRING_TOKENIZER_THREADS`, else every core)."""
     def encode(self, text: str) -> list[int]:
         """Encode with the full vocabulary: special-token spellings become their ids."""
     def encode_plain(self, text: str) -> list[int]:
-        """Encode with the BPE model only: no added-vocabulary matching, no BOS."""
+        """Encode plain text with the BPE model only (no added-vocabulary matching, no BOS)."""
     def encode_prompt(self, prompt: str, special_ranges: Sequence[tuple[int, int]]) -> list[int]:
-        """Encode a rendered prompt; each range (code-point offsets) is one added token."""
+        """Encode `prompt` whose `special_ranges` (code-point offsets) each hold one added token."""
     def decode(self, ids: Sequence[int]) -> str: ...
     def token_to_id(self, token: str) -> int | None: ...
 
-# --- streaming output processing -------------------------------------------------------------
+@final
+class ToolCall:
+    def __new__(cls, id: str, name: str, arguments: str) -> ToolCall: ...
+    @property
+    def id(self) -> str: ...
+    @property
+    def name(self) -> str: ...
+    @property
+    def arguments(self) -> str: ...
 
-# Declared with the request bindings (not stubbed yet on this branch): replace these aliases by
-# the classes when their stubs land.
-_ParsingOptions: TypeAlias = Any  # ParsingOptions
-_ConversationRequest: TypeAlias = Any  # ConversationRequest
+@final
+class ToolDefinition:
+    def __new__(
+        cls,
+        name: str,
+        description: str | None = None,
+        parameters: Any = None,
+        strict: bool | None = None,
+        defer_loading: bool = False,
+    ) -> ToolDefinition: ...
+    @property
+    def name(self) -> str: ...
+    @property
+    def description(self) -> str | None: ...
+    @property
+    def parameters(self) -> Any: ...
+    @property
+    def strict(self) -> bool | None: ...
+    @property
+    def defer_loading(self) -> bool: ...
+
+@disjoint_base
+class ImageSource:
+    @property
+    def kind(self) -> _ImageSourceKind: ...
+    @property
+    def detail(self) -> _ImageDetail: ...
+    @property
+    def data_url(self) -> str | None: ...
+    @property
+    def url(self) -> str | None: ...
+    @property
+    def data(self) -> bytes | None: ...
+    @property
+    def path(self) -> str: ...
+
+@final
+class DataUrlImageSource(ImageSource):
+    def __new__(
+        cls, data_url: str, detail: _ImageDetail = "high", *, path: str = ...
+    ) -> DataUrlImageSource: ...
+
+@final
+class UrlImageSource(ImageSource):
+    def __new__(
+        cls, url: str, detail: _ImageDetail = "high", *, path: str = ...
+    ) -> UrlImageSource: ...
+
+@final
+class BytesImageSource(ImageSource):
+    def __new__(
+        cls, data: bytes, detail: _ImageDetail = "high", *, path: str = ...
+    ) -> BytesImageSource: ...
+
+@disjoint_base
+class Message:
+    @property
+    def role(self) -> _Role: ...
+    @property
+    def content(self) -> str: ...
+    @property
+    def reasoning_content(self) -> str | None: ...
+    @property
+    def tool_calls(self) -> list[ToolCall] | None: ...
+    @property
+    def tool_call_id(self) -> str | None: ...
+    @property
+    def image_sources(self) -> list[ImageSource]: ...
+    @property
+    def prefix(self) -> bool: ...
+
+@final
+class SystemMessage(Message):
+    def __new__(
+        cls,
+        content: str,
+        image_sources: Sequence[ImageSource] | None = None,
+        tools: Sequence[ToolDefinition] | None = None,
+        *,
+        image_token: str | None = None,
+    ) -> SystemMessage: ...
+    @property
+    def tools(self) -> list[ToolDefinition] | None: ...
+
+@final
+class UserMessage(Message):
+    def __new__(
+        cls,
+        content: str,
+        image_sources: Sequence[ImageSource] | None = None,
+        *,
+        image_token: str | None = None,
+    ) -> UserMessage: ...
+
+@final
+class AssistantMessage(Message):
+    def __new__(
+        cls,
+        content: str,
+        reasoning_content: str | None = None,
+        tool_calls: Sequence[ToolCall] | None = None,
+        prefix: bool = False,
+    ) -> AssistantMessage: ...
+
+@final
+class ToolMessage(Message):
+    def __new__(
+        cls,
+        content: str,
+        tool_call_id: str | None = None,
+        image_sources: Sequence[ImageSource] | None = None,
+        *,
+        image_token: str | None = None,
+    ) -> ToolMessage: ...
+
+@final
+class LatestReminderMessage(Message):
+    def __new__(cls, content: str) -> LatestReminderMessage: ...
+
+@final
+class Conversation:
+    def __new__(
+        cls,
+        messages: Sequence[Message] | None = None,
+        *,
+        thinking_mode: bool = True,
+        tools: Sequence[ToolDefinition] | None = None,
+        tool_choice: _ToolChoice = "auto",
+        reasoning_effort: _ReasoningEffort | None = None,
+        response_format: Literal["text", "json_object"] = "text",
+        response_schema: Any = None,
+        response_regex: str | None = None,
+    ) -> Conversation: ...
+    @property
+    def messages(self) -> list[Message]: ...
+    @property
+    def thinking_mode(self) -> bool: ...
+    @property
+    def tools(self) -> list[ToolDefinition]: ...
+    @property
+    def tool_choice(self) -> _ToolChoice: ...
+    @property
+    def reasoning_effort(self) -> _ReasoningEffort | None: ...
+    @property
+    def response_format(self) -> _ResponseFormat: ...
+    @property
+    def response_schema(self) -> Any | None: ...
+    @property
+    def response_regex(self) -> str | None: ...
+
+@final
+class SpecialTokens:
+    def __new__(
+        cls,
+        *,
+        bos: str | None = None,
+        eos: str | None = None,
+        thinking_start: str | None = None,
+        thinking_end: str | None = None,
+        system: str | None = None,
+        user: str | None = None,
+        assistant: str | None = None,
+        latest_reminder: str | None = None,
+        dsml: str | None = None,
+        image: str | None = None,
+        ref: str | None = None,
+        ref_end: str | None = None,
+        box: str | None = None,
+        box_end: str | None = None,
+        point: str | None = None,
+        point_end: str | None = None,
+        polygon: str | None = None,
+        polygon_end: str | None = None,
+    ) -> SpecialTokens: ...
+    def token(self, token: SpecialToken) -> str: ...
+
+@final
+class RenderedPrompt:
+    @property
+    def prompt(self) -> str: ...
+    @property
+    def special_ranges(self) -> list[tuple[int, int]]: ...
+    @property
+    def image_sources(self) -> list[ImageSource]: ...
+
+@final
+class DeepseekV4Encoding:
+    def __new__(cls) -> DeepseekV4Encoding: ...
+    def with_tokenizer(self, tokenizer: Tokenizer) -> DeepseekV4Encoding: ...
+    def with_special_tokens(self, special_tokens: SpecialTokens) -> DeepseekV4Encoding: ...
+    def render_conversation(self, conversation: Conversation) -> RenderedPrompt: ...
+    def encode(self, conversation: Conversation) -> list[int]: ...
+
+@final
+class DeepseekV41Encoding:
+    def __new__(cls) -> DeepseekV41Encoding: ...
+    def with_tokenizer(self, tokenizer: Tokenizer) -> DeepseekV41Encoding: ...
+    def with_special_tokens(self, special_tokens: SpecialTokens) -> DeepseekV41Encoding: ...
+    def render_conversation(self, conversation: Conversation) -> RenderedPrompt: ...
+    def encode(self, conversation: Conversation) -> list[int]: ...
+
+@final
+class ThinkingInitialStage:
+    ReasoningStart: ThinkingInitialStage
+    ReasoningContinuation: ThinkingInitialStage
+    ContentContinuation: ThinkingInitialStage
+    __hash__: ClassVar[None]  # type: ignore[assignment]
+    def __lt__(self, value: ThinkingInitialStage, /) -> bool: ...
+    def __le__(self, value: ThinkingInitialStage, /) -> bool: ...
+    def __eq__(self, value: object, /) -> bool: ...
+    def __ne__(self, value: object, /) -> bool: ...
+    def __gt__(self, value: ThinkingInitialStage, /) -> bool: ...
+    def __ge__(self, value: ThinkingInitialStage, /) -> bool: ...
+    def __int__(self) -> int: ...
+    def starts_in_reasoning(self) -> bool: ...
+
+@final
+class ReasoningContentBehavior:
+    FillEmpty: ReasoningContentBehavior
+    Reject: ReasoningContentBehavior
+    __hash__: ClassVar[None]  # type: ignore[assignment]
+    def __lt__(self, value: ReasoningContentBehavior, /) -> bool: ...
+    def __le__(self, value: ReasoningContentBehavior, /) -> bool: ...
+    def __eq__(self, value: object, /) -> bool: ...
+    def __ne__(self, value: object, /) -> bool: ...
+    def __gt__(self, value: ReasoningContentBehavior, /) -> bool: ...
+    def __ge__(self, value: ReasoningContentBehavior, /) -> bool: ...
+    def __int__(self) -> int: ...
+
+@final
+class WebSearchBehavior:
+    Drop: WebSearchBehavior
+    Reject: WebSearchBehavior
+    __hash__: ClassVar[None]  # type: ignore[assignment]
+    def __lt__(self, value: WebSearchBehavior, /) -> bool: ...
+    def __le__(self, value: WebSearchBehavior, /) -> bool: ...
+    def __eq__(self, value: object, /) -> bool: ...
+    def __ne__(self, value: object, /) -> bool: ...
+    def __gt__(self, value: WebSearchBehavior, /) -> bool: ...
+    def __ge__(self, value: WebSearchBehavior, /) -> bool: ...
+    def __int__(self) -> int: ...
+
+@final
+class ConversionOptions:
+    def __new__(
+        cls,
+        *,
+        default_thinking_mode: bool = True,
+        reasoning_content_behavior: ReasoningContentBehavior = ...,
+        responses_web_search: WebSearchBehavior = ...,
+        messages_web_search: WebSearchBehavior = ...,
+        thinking_max_tokens_upper_bound: int = 393216,
+        non_thinking_max_tokens_upper_bound: int = 393216,
+    ) -> ConversionOptions: ...
+    @property
+    def default_thinking_mode(self) -> bool: ...
+    @property
+    def model_versions_by_name(self) -> dict[str, ModelVersion]: ...
+    @property
+    def thinking_max_tokens_upper_bound(self) -> int: ...
+    @property
+    def non_thinking_max_tokens_upper_bound(self) -> int: ...
+    @property
+    def reasoning_content_behavior(self) -> ReasoningContentBehavior: ...
+    @property
+    def responses_web_search(self) -> WebSearchBehavior: ...
+    @property
+    def messages_web_search(self) -> WebSearchBehavior: ...
+    @property
+    def special_tokens(self) -> SpecialTokens: ...
+    def with_default_thinking_mode(self, default_thinking_mode: bool) -> ConversionOptions: ...
+    def with_reasoning_content_behavior(
+        self, reasoning_content_behavior: ReasoningContentBehavior
+    ) -> ConversionOptions: ...
+    def with_responses_web_search(
+        self, responses_web_search: WebSearchBehavior
+    ) -> ConversionOptions: ...
+    def with_messages_web_search(
+        self, messages_web_search: WebSearchBehavior
+    ) -> ConversionOptions: ...
+    def with_special_tokens(self, special_tokens: SpecialTokens) -> ConversionOptions: ...
+    def with_model_alias(self, model: str, model_version: ModelVersion) -> ConversionOptions: ...
+    def with_model_versions_by_name(
+        self, model_versions_by_name: dict[str, ModelVersion]
+    ) -> ConversionOptions: ...
+    def with_thinking_max_tokens_upper_bound(
+        self, thinking_max_tokens_upper_bound: int
+    ) -> ConversionOptions: ...
+    def with_non_thinking_max_tokens_upper_bound(
+        self, non_thinking_max_tokens_upper_bound: int
+    ) -> ConversionOptions: ...
+
+@final
+class OutputConstraint:
+    @property
+    def kind(self) -> str: ...
+    @property
+    def schema(self) -> str: ...
+
+@final
+class InferenceOptions:
+    @property
+    def max_tokens(self) -> int | None: ...
+    @property
+    def temperature(self) -> float | None: ...
+    @property
+    def top_p(self) -> float | None: ...
+    @property
+    def logprobs(self) -> bool: ...
+    @property
+    def top_logprobs(self) -> int | None: ...
+    @property
+    def seed(self) -> int | None: ...
+    @property
+    def output_constraint(self) -> OutputConstraint | None: ...
+
+@final
+class ParsingOptions:
+    def __new__(
+        cls,
+        *,
+        parse_tool_calls: bool = True,
+        starts_in_tool_calls: bool = False,
+        parse_json_output: bool = False,
+        thinking_initial_stage: ThinkingInitialStage | None = None,
+        stop_sequences: Sequence[str] | None = None,
+        special_tokens: SpecialTokens | None = None,
+    ) -> ParsingOptions: ...
+    @property
+    def parse_tool_calls(self) -> bool: ...
+    @parse_tool_calls.setter
+    def parse_tool_calls(self, value: bool) -> None: ...
+    @property
+    def starts_in_tool_calls(self) -> bool: ...
+    @starts_in_tool_calls.setter
+    def starts_in_tool_calls(self, value: bool) -> None: ...
+    @property
+    def parse_json_output(self) -> bool: ...
+    @parse_json_output.setter
+    def parse_json_output(self, value: bool) -> None: ...
+    @property
+    def thinking_initial_stage(self) -> ThinkingInitialStage | None: ...
+    @thinking_initial_stage.setter
+    def thinking_initial_stage(self, value: ThinkingInitialStage | None) -> None: ...
+    @property
+    def stop_sequences(self) -> list[str]: ...
+    @stop_sequences.setter
+    def stop_sequences(self, value: Sequence[str]) -> None: ...
+    @property
+    def special_tokens(self) -> SpecialTokens: ...
+    @special_tokens.setter
+    def special_tokens(self, value: SpecialTokens) -> None: ...
+
+@final
+class ConversationRequest:
+    def __new__(
+        cls, conversation: Conversation, model_version: ModelVersion
+    ) -> ConversationRequest: ...
+    @property
+    def conversation(self) -> Conversation: ...
+    @property
+    def inference_options(self) -> InferenceOptions: ...
+    @property
+    def parsing_options(self) -> ParsingOptions: ...
+    @property
+    def model_version(self) -> ModelVersion: ...
+    @property
+    def stream(self) -> bool: ...
+    def resolve_max_tokens(self, prompt_tokens: int, context_limit: int) -> int: ...
+
+@final
+class ChatCompletionRequest:
+    def __new__(cls, body: _RequestBody) -> ChatCompletionRequest: ...
+    @property
+    def model(self) -> str: ...
+    def convert(self, options: ConversionOptions) -> ConversationRequest: ...
+    @staticmethod
+    def chunk_generator(
+        request: ConversationRequest, id: str, model: str
+    ) -> ChatCompletionChunkGenerator: ...
+
+@final
+class ResponsesRequest:
+    def __new__(cls, body: _RequestBody) -> ResponsesRequest: ...
+    @property
+    def model(self) -> str: ...
+    def namespace_tool_map(self, options: ConversionOptions) -> dict[str, tuple[str, str]]: ...
+    def echo(self) -> ResponsesEcho: ...
+    def convert(self, options: ConversionOptions) -> ConversationRequest: ...
+    @staticmethod
+    def chunk_generator(
+        request: ConversationRequest, id: str, model: str
+    ) -> ResponsesChunkGenerator: ...
+
+@final
+class MessagesRequest:
+    def __new__(cls, body: _RequestBody) -> MessagesRequest: ...
+    @property
+    def model(self) -> str: ...
+    def convert(self, options: ConversionOptions) -> ConversationRequest: ...
+    @staticmethod
+    def chunk_generator(
+        request: ConversationRequest, id: str, model: str
+    ) -> MessagesChunkGenerator: ...
 
 @final
 class PromptUsage:
@@ -69,32 +578,24 @@ class PromptUsage:
 
 @final
 class InferenceFinishReason:
-    """Backend finish reasons; output parsing decides the protocol's finish reason."""
+    """Backend finish reasons (comparable, not hashable, not equal to ints: as the official)."""
 
     Stop: InferenceFinishReason
     Length: InferenceFinishReason
     ContentFilter: InferenceFinishReason
+    __hash__: ClassVar[None]  # type: ignore[assignment]
+    def __lt__(self, value: InferenceFinishReason, /) -> bool: ...
+    def __le__(self, value: InferenceFinishReason, /) -> bool: ...
+    def __eq__(self, value: object, /) -> bool: ...
+    def __ne__(self, value: object, /) -> bool: ...
+    def __gt__(self, value: InferenceFinishReason, /) -> bool: ...
+    def __ge__(self, value: InferenceFinishReason, /) -> bool: ...
     def __int__(self) -> int: ...
 
 @final
 class InferenceChunk:
     """One backend update, built with `ready`, `text`, `tokens` or `finish`."""
 
-    @staticmethod
-    def ready(
-        *, prompt_usage: PromptUsage | None = None, system_fingerprint: str | None = None
-    ) -> InferenceChunk: ...
-    @staticmethod
-    def text(content: str, token_count: int = 0) -> InferenceChunk:
-        """Decoded text and the number of tokens it accounts for."""
-    @staticmethod
-    def tokens(
-        token_ids: Sequence[int],
-        logprobs: Sequence[tuple[float, Sequence[tuple[int, float]]]] | None = None,
-    ) -> InferenceChunk:
-        """Token ids; `logprobs` holds one `(logprob, top_logprobs)` pair per id."""
-    @staticmethod
-    def finish(finish_reason: InferenceFinishReason) -> InferenceChunk: ...
     @property
     def kind(self) -> Literal["ready", "text", "tokens", "finish"]: ...
     @property
@@ -109,6 +610,18 @@ class InferenceChunk:
     def token_count(self) -> int | None: ...
     @property
     def system_fingerprint(self) -> str | None: ...
+    @staticmethod
+    def ready(
+        *, prompt_usage: PromptUsage | None = None, system_fingerprint: str | None = None
+    ) -> InferenceChunk: ...
+    @staticmethod
+    def text(content: str, token_count: int = 0) -> InferenceChunk:
+        """Decoded text and the number of tokens it accounts for."""
+    @staticmethod
+    def tokens(token_ids: Sequence[int], logprobs: _Logprobs | None = None) -> InferenceChunk:
+        """Token ids; `logprobs` holds one `(logprob, top_logprobs)` pair per id."""
+    @staticmethod
+    def finish(finish_reason: InferenceFinishReason) -> InferenceChunk: ...
 
 @final
 class ChatCompletionChunkGenerator:
@@ -124,13 +637,14 @@ class ResponsesChunkGenerator:
         """Consume this generator; calls of `namespace::name` tools report namespace and name."""
     def with_echo(self, echo: ResponsesEcho) -> ResponsesChunkGenerator:
         """Consume this generator; response objects report the request settings in `echo`."""
-    @staticmethod
-    def _for_request(
-        request: _ConversationRequest,
-        id: str,
-        model: str,
-        custom_tools: list[str] | None = None,
-    ) -> ResponsesChunkGenerator: ...
+
+@final
+class MessagesChunkGenerator:
+    """Messages events for one response; a stream processor consumes it."""
+
+    def __new__(cls, id: str, model: str, thinking_mode: bool) -> MessagesChunkGenerator: ...
+    def with_signature(self, signature: str) -> MessagesChunkGenerator:
+        """Consume this generator; thinking blocks end with `signature` (default: the id)."""
 
 @final
 class ResponsesEcho:
@@ -152,12 +666,25 @@ class ResponsesEcho:
     def user(self) -> str | None: ...
 
 @final
-class MessagesChunkGenerator:
-    """Messages events for one response; a stream processor consumes it."""
+class StreamProcessor:
+    """Model output (text or token ids) -> protocol events of one response.
 
-    def __new__(cls, id: str, model: str, thinking_mode: bool) -> MessagesChunkGenerator: ...
-    def with_signature(self, signature: str) -> MessagesChunkGenerator:
-        """Consume this generator; thinking blocks end with `signature` (default: the id)."""
+    A `tokens` chunk needs the tokenizer. Stream errors (no tokenizer, a log probability count
+    that differs from the id count) raise `RuntimeError` and close the processor."""
+
+    def __new__(
+        cls, generator: _ChunkGenerator, options: ParsingOptions, tokenizer: Tokenizer | None = None
+    ) -> StreamProcessor: ...
+    @property
+    def finished(self) -> bool:
+        """Completed (finish chunk, stop sequence or `finish`) and not closed; check it after
+        every push: a stop sequence finishes the processor at once."""
+    def push(self, chunk: InferenceChunk) -> list[_Event]:
+        """Process one chunk; `RuntimeError` after completion or close."""
+    def finish(self) -> list[_Event]:
+        """End the input (as a `Stop` finish); later calls return `[]`, after close they raise."""
+    def close(self) -> None:
+        """Release the processor without completing it."""
 
 @final
 class ChatCompletionChunk:
@@ -224,30 +751,3 @@ class MessagesResponse:
     @staticmethod
     def sse_done_data() -> str | None:
         """`None`: no final data message."""
-
-_Event: TypeAlias = ChatCompletionChunk | ResponsesStreamEvent | MessagesStreamEvent
-
-@final
-class StreamProcessor:
-    """Model output (text or token ids) -> protocol events of one response.
-
-    A `tokens` chunk needs the tokenizer. Stream errors (no tokenizer, a log probability count
-    that differs from the id count) raise `RuntimeError` and close the processor.
-    """
-
-    def __new__(
-        cls,
-        generator: ChatCompletionChunkGenerator | ResponsesChunkGenerator | MessagesChunkGenerator,
-        options: _ParsingOptions,
-        tokenizer: Tokenizer | None = None,
-    ) -> StreamProcessor: ...
-    @property
-    def finished(self) -> bool:
-        """Completed (finish chunk, stop sequence or `finish`) and not closed; check it after
-        every push: a stop sequence finishes the processor at once."""
-    def push(self, chunk: InferenceChunk) -> list[_Event]:
-        """Process one chunk; `RuntimeError` after completion or close."""
-    def finish(self) -> list[_Event]:
-        """End the input (as a `Stop` finish); later calls return `[]`, after close they raise."""
-    def close(self) -> None:
-        """Release the processor without completing it."""
