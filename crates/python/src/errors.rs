@@ -1,7 +1,7 @@
 //! The single mapping from core errors to Python exceptions.
 
 use deepring_recipe::stream::StreamError;
-use deepring_recipe::{ConversionError, RecipeError};
+use deepring_recipe::{ConversionError as CoreConversionError, RecipeError};
 use deepring_tokenizer::TokenizerError;
 use pyo3::exceptions::{PyException, PyOSError, PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
@@ -9,7 +9,7 @@ use pyo3::PyErr;
 
 pyo3::create_exception!(
     deepring_recipe._native,
-    PyConversionError,
+    ConversionError,
     PyException,
     "Raised when a protocol request is invalid or cannot be converted."
 );
@@ -25,9 +25,9 @@ pub(crate) fn tokenizer_use(e: TokenizerError) -> PyErr {
     PyRuntimeError::new_err(e.to_string())
 }
 
-pub(crate) fn conversion(e: &ConversionError) -> PyErr {
+pub(crate) fn conversion(e: &CoreConversionError) -> PyErr {
     Python::attach(|py| {
-        let err = PyConversionError::new_err(e.message.clone());
+        let err = ConversionError::new_err(e.message.clone());
         let value = err.value(py);
         let set = value
             .setattr("status_code", e.status_code)
@@ -62,7 +62,7 @@ pub(crate) fn chunk_consumed() -> PyErr {
 
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     let py = m.py();
-    let class = py.get_type::<PyConversionError>();
+    let class = py.get_type::<ConversionError>();
     // Class-level defaults so the attributes exist on the type as the stub declares them.
     class.setattr("status_code", 400)?;
     class.setattr("body", "")?;

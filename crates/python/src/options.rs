@@ -159,9 +159,8 @@ impl PyOutputConstraint {
     }
     fn __repr__(&self) -> String {
         format!(
-            "OutputConstraint(kind={:?}, schema=<{} characters>)",
-            self.inner.kind,
-            self.inner.schema.chars().count()
+            "OutputConstraint(kind={:?}, schema={:?})",
+            self.inner.kind, self.inner.schema
         )
     }
 }

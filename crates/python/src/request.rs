@@ -220,5 +220,50 @@ impl PyResponsesRequest {
 
 pub(crate) fn register_responses(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyResponsesRequest>()?;
+    m.add_class::<PyMessagesRequest>()?;
     Ok(())
+}
+
+// ---------------------------------------------------------------------------------------------
+// Messages
+
+use deepring_recipe::request::messages::MessagesRequest;
+
+#[pyclass(module = "deepring_recipe._native", name = "MessagesRequest", frozen)]
+pub(crate) struct PyMessagesRequest {
+    slot: Mutex<Option<MessagesRequest>>,
+}
+
+#[pymethods]
+impl PyMessagesRequest {
+    #[new]
+    fn new(py: Python<'_>, body: &Bound<'_, PyAny>) -> PyResult<Self> {
+        let request = parse_request(py, body, MessagesRequest::from_body)?;
+        Ok(PyMessagesRequest {
+            slot: Mutex::new(Some(request)),
+        })
+    }
+    #[getter]
+    fn model(&self) -> PyResult<String> {
+        peek(&self.slot, |r| r.model.clone())
+    }
+    fn convert(
+        &self,
+        py: Python<'_>,
+        options: PyRef<'_, PyConversionOptions>,
+    ) -> PyResult<PyConversationRequest> {
+        let request = take(&self.slot)?;
+        let options = &options.inner;
+        py.detach(|| request.convert(options))
+            .map(|inner| PyConversationRequest { inner })
+            .map_err(|e| errors::conversion(&e))
+    }
+    #[staticmethod]
+    fn chunk_generator(
+        request: PyRef<'_, PyConversationRequest>,
+        id: String,
+        model: String,
+    ) -> crate::stream::PyMessagesChunkGenerator {
+        crate::stream::messages_chunk_generator(&request.inner, id, model)
+    }
 }

@@ -270,7 +270,6 @@ pub(crate) struct PyMessagesChunkGenerator {
 }
 
 /// `MessagesRequest.chunk_generator(request, id, model)`.
-#[allow(dead_code)] // until MessagesRequest lands
 pub(crate) fn messages_chunk_generator(
     request: &ConversationRequest,
     id: String,

@@ -94,7 +94,8 @@ pub(crate) fn finalize_tools(
 }
 
 fn tool_parameters(spec: &ToolSpec) -> Result<Value> {
-    let given = spec.parameters.as_ref().filter(|v| !v.is_null());
+    // Chat and Responses read a `null` schema as absent; Messages passes it on to be refused.
+    let given = spec.parameters.as_ref();
     if spec.strict == Some(true) {
         let schema = given.cloned().unwrap_or_else(|| json!({"type": "object"}));
         return schema::normalize_strict(&schema, Top::ToolParameters).map_err(|e| match e {

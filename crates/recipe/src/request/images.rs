@@ -52,6 +52,24 @@ pub(crate) fn check_data_url(url: &str) -> Result<(), DataUrlError> {
         .map_err(|_| DataUrlError::BadBase64)
 }
 
+/// Check a bare base64 payload (Messages image sources) as deepseek-recipe does: padding may be
+/// over-long (`aGk==`) but not missing (`aGk`), and only at the end.
+pub(crate) fn check_bare_base64(data: &str) -> bool {
+    let body = data.trim_end_matches('=');
+    let padded = body.len() < data.len();
+    let rem = body.len() % 4;
+    if rem == 1 || (rem != 0 && !padded) {
+        return false;
+    }
+    BASE64.decode(body).is_ok()
+}
+
+/// An `http://` or `https://` URL.
+pub(crate) fn is_web_url(url: &str) -> bool {
+    strip_prefix_ignore_case(url, "http://").is_some()
+        || strip_prefix_ignore_case(url, "https://").is_some()
+}
+
 pub(crate) fn is_http_url(url: &str) -> bool {
     strip_prefix_ignore_case(url, "http").is_some()
 }
