@@ -1,33 +1,15 @@
 """End-to-end fixtures: a real `deepring serve` in a subprocess on a free port.
 
 Every test here drives the server through the official `openai` and `anthropic` SDKs (or raw
-HTTP where the wire format itself is under test). They need deepring_recipe's streaming API
-(stream processor, chunk generators, responses); without it they are skipped, and say so.
+HTTP where the wire format itself is under test).
 """
 
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
-import deepring_recipe
 import pytest
-from deepring.frontend.protocols import missing_api
 from e2e_helpers import Server
-
-MISSING = missing_api(deepring_recipe)
-
-
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    if not MISSING:
-        return
-    skip = pytest.mark.skip(
-        reason="deepring_recipe lacks the serving API (" + ", ".join(MISSING) + ")"
-    )
-    here = Path(__file__).parent
-    for item in items:
-        if here in Path(str(item.fspath)).parents:
-            item.add_marker(skip)
 
 
 @pytest.fixture(scope="session")

@@ -40,10 +40,6 @@ def test_generate_reads_prompts_from_stdin(capsys, monkeypatch, llm):
     assert out.splitlines() == [w.text for w in want]
 
 
-@pytest.mark.skipif(
-    not hasattr(__import__("deepring_recipe"), "ChatCompletionRequest"),
-    reason="deepring_recipe has no request conversion yet",
-)
 def test_generate_takes_chat_bodies(capsys, tmp_path, llm):
     body = '{"model": "tiny", "messages": [{"role": "user", "content": "Hi!"}]}'
     (tmp_path / "body.json").write_text(body)

@@ -6,17 +6,9 @@ from __future__ import annotations
 
 import json
 
-import deepring_recipe
 import pytest
-from deepring.frontend.protocols import CHAT, MESSAGES, RESPONSES, Recipe, missing_api
+from deepring.frontend.protocols import CHAT, MESSAGES, RESPONSES, Recipe
 from deepring.frontend.stream import JsonSink, SseSink
-
-pytestmark = pytest.mark.skipif(
-    bool(missing_api(deepring_recipe)),
-    reason="deepring_recipe lacks the serving API ("
-    + ", ".join(missing_api(deepring_recipe))
-    + ")",
-)
 
 EOS = 1
 

@@ -158,10 +158,6 @@ def test_chat_glue_against_the_official_recipe(v41_tokenizer_path):
     assert "What is 2+2?" in rendered.prompt
 
 
-@pytest.mark.skipif(
-    not hasattr(deepring_recipe, "ChatCompletionRequest"),
-    reason="deepring_recipe has no request conversion yet",
-)
 def test_chat_body_prompt_matches_official_rendering(llm):
     deepseek_recipe = pytest.importorskip("deepseek_recipe")
     out = llm.generate(CHAT, SamplingParams(temperature=0, max_tokens=3))[0]
@@ -171,10 +167,6 @@ def test_chat_body_prompt_matches_official_rendering(llm):
     assert out.prompt_token_ids == want
 
 
-@pytest.mark.skipif(
-    not hasattr(deepring_recipe, "ChatCompletionRequest"),
-    reason="deepring_recipe has no request conversion yet",
-)
 def test_chat_body_naming_the_engine_model_and_bad_bodies(llm):
     tiny = llm.generate({**CHAT, "model": "tiny"}, SamplingParams(temperature=0, max_tokens=2))
     named = llm.generate(CHAT, SamplingParams(temperature=0, max_tokens=2))
@@ -183,11 +175,3 @@ def test_chat_body_naming_the_engine_model_and_bad_bodies(llm):
         llm.generate({**CHAT, "model": "gpt-4"}, SamplingParams(max_tokens=2))
     with pytest.raises(ValueError, match="invalid request body"):
         llm.generate({"model": "tiny", "messages": "nope"}, SamplingParams(max_tokens=2))
-
-
-@pytest.mark.skipif(
-    hasattr(deepring_recipe, "ChatCompletionRequest"), reason="request conversion is available"
-)
-def test_chat_body_without_conversion_is_a_clear_error(llm):
-    with pytest.raises(ValueError, match="request conversion"):
-        llm.generate(CHAT, SamplingParams(max_tokens=2))
