@@ -13,6 +13,8 @@
 use serde::de::{Error as _, Unexpected};
 use serde::{Deserialize, Deserializer};
 use serde_json::{Map, Number, Value};
+use std::collections::HashMap;
+use std::sync::{Mutex, OnceLock};
 
 /// Why a schema was rejected: a read error (wrong shape, reported with a context prefix) or a
 /// rule of strict mode (reported as is).
@@ -24,7 +26,29 @@ pub enum SchemaError {
 
 /// JSON Schema meta-validation and compilation (local `$ref`s must resolve); the message of the
 /// first problem.
+///
+/// Compiling a schema costs tens of microseconds, and a server sees the same tool schemas on
+/// almost every request, so outcomes are memoised by the schema's JSON text (bounded; the
+/// outcome depends on nothing else).
 pub fn meta_validate(schema: &Value) -> Result<(), String> {
+    const CAPACITY: usize = 4096;
+    static SEEN: OnceLock<Mutex<HashMap<String, Result<(), String>>>> = OnceLock::new();
+    let key = schema.to_string();
+    let seen = SEEN.get_or_init(|| Mutex::new(HashMap::new()));
+    if let Some(outcome) = seen.lock().ok().and_then(|m| m.get(&key).cloned()) {
+        return outcome;
+    }
+    let outcome = compile(schema);
+    if let Ok(mut m) = seen.lock() {
+        if m.len() >= CAPACITY {
+            m.clear();
+        }
+        m.insert(key, outcome.clone());
+    }
+    outcome
+}
+
+fn compile(schema: &Value) -> Result<(), String> {
     jsonschema::meta::validate(schema).map_err(|e| e.to_string())?;
     jsonschema::options()
         .with_retriever(NoRetrieval)
