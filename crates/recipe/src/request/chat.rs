@@ -315,13 +315,15 @@ impl ChatCompletionRequest {
     /// Parse a body (see [`super::parse_body`]), reading `max_completion_tokens` on the side.
     pub fn from_body(body: super::RequestBody<'_>) -> std::result::Result<Self, RecipeError> {
         let value = super::body::to_value(body)?;
-        let max_completion_tokens = value
-            .get("max_completion_tokens")
-            .and_then(Value::as_u64)
-            .and_then(|v| u32::try_from(v).ok());
+        let max_completion_tokens = value.get("max_completion_tokens").cloned();
         let mut request: ChatCompletionRequest =
             super::parse_body(super::RequestBody::Value(value))?;
-        request.max_completion_tokens = max_completion_tokens;
+        // Read like `max_tokens`, with the same message for a bad value.
+        request.max_completion_tokens = match max_completion_tokens {
+            None => None,
+            Some(v) => Option::<u32>::deserialize(v)
+                .map_err(|e| RecipeError::InvalidBody(format!("invalid request body: {e}")))?,
+        };
         Ok(request)
     }
 
@@ -423,8 +425,10 @@ impl ChatCompletionRequest {
         common::check_top_p(self.top_p)?;
         let logprobs = self.logprobs.unwrap_or(false);
         common::check_top_logprobs(self.top_logprobs, logprobs)?;
-        let max_tokens = self.max_tokens.or(self.max_completion_tokens);
-        common::check_max_tokens(max_tokens, thinking, options)?;
+        // Both limits are checked; OpenAI's current name wins over the deprecated one.
+        common::check_max_tokens(self.max_tokens, thinking, options)?;
+        common::check_max_tokens(self.max_completion_tokens, thinking, options)?;
+        let max_tokens = self.max_completion_tokens.or(self.max_tokens);
         if self.seed.is_some_and(|s| s >= 1 << 63) {
             return Err(bad(
                 "Invalid seed value, the valid range of seed is [0, 2^63)",

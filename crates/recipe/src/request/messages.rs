@@ -144,6 +144,9 @@ pub enum MessagesContentBlock {
     ToolResult {
         tool_use_id: String,
         content: Option<TextOrList<MessagesToolResultBlock>>,
+        /// Accepted and not used.
+        #[allow(dead_code)]
+        is_error: Option<bool>,
     },
     WebSearchToolResult {
         #[allow(dead_code)]
@@ -214,6 +217,8 @@ impl ImageMediaType {
 pub struct MessagesThinking {
     #[serde(rename = "type")]
     pub kind: ThinkingKind,
+    /// Accepted and not used (effort comes from `output_config`).
+    pub budget_tokens: Option<u64>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
@@ -237,9 +242,16 @@ pub struct MessagesDocumentSource {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum MessagesToolChoice {
-    Auto {},
-    Any {},
-    Tool { name: String },
+    Auto {
+        disable_parallel_tool_use: Option<bool>,
+    },
+    Any {
+        disable_parallel_tool_use: Option<bool>,
+    },
+    Tool {
+        name: String,
+        disable_parallel_tool_use: Option<bool>,
+    },
     None {},
 }
 
@@ -423,11 +435,11 @@ impl MessagesRequest {
         } = walk;
 
         let choice = match &self.tool_choice {
-            None | Some(MessagesToolChoice::Auto {}) | Some(MessagesToolChoice::Any {}) => {
+            None | Some(MessagesToolChoice::Auto { .. }) | Some(MessagesToolChoice::Any { .. }) => {
                 ChoiceSpec::Auto
             }
             Some(MessagesToolChoice::None {}) => ChoiceSpec::None,
-            Some(MessagesToolChoice::Tool { name }) => ChoiceSpec::Named(name.clone()),
+            Some(MessagesToolChoice::Tool { name, .. }) => ChoiceSpec::Named(name.clone()),
         };
         let declared = !tool_specs.is_empty();
         let switch = self.thinking.map(|t| t.kind != ThinkingKind::Disabled);
@@ -566,6 +578,7 @@ impl Walk<'_> {
             if let MessagesContentBlock::ToolResult {
                 tool_use_id,
                 content,
+                ..
             } = block
             {
                 if answered.contains(&tool_use_id.as_str()) {

@@ -624,9 +624,13 @@ fn keep_referenced_definitions(input: &Value, _top: &ObjectNode, out: &mut Value
         let reference = refs[i].clone();
         i += 1;
         for section in ["$defs", "definitions"] {
-            let Some(name) = reference.strip_prefix(&format!("#/{section}/")) else {
+            let Some(rest) = reference.strip_prefix(&format!("#/{section}/")) else {
                 continue;
             };
+            // The first pointer segment names the definition (a deeper pointer keeps all of it).
+            let segment = rest.split('/').next().unwrap_or(rest);
+            let name = pointer_segment(segment);
+            let name = name.as_str();
             let Some(def) = input.get(section).and_then(|d| d.get(name)) else {
                 continue;
             };
@@ -654,6 +658,28 @@ fn keep_referenced_definitions(input: &Value, _top: &ObjectNode, out: &mut Value
             obj.insert(section, Value::Object(defs));
         }
     }
+}
+
+/// A JSON Pointer segment of a URI fragment: percent-decoded, then `~1` -> `/` and `~0` -> `~`.
+fn pointer_segment(segment: &str) -> String {
+    let bytes = segment.as_bytes();
+    let mut decoded = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let hex = |b: u8| (b as char).to_digit(16);
+        if bytes[i] == b'%' && i + 2 < bytes.len() {
+            if let (Some(h), Some(l)) = (hex(bytes[i + 1]), hex(bytes[i + 2])) {
+                decoded.push((h * 16 + l) as u8);
+                i += 3;
+                continue;
+            }
+        }
+        decoded.push(bytes[i]);
+        i += 1;
+    }
+    String::from_utf8_lossy(&decoded)
+        .replace("~1", "/")
+        .replace("~0", "~")
 }
 
 fn collect_refs(v: &Value, refs: &mut Vec<String>) {
