@@ -11,8 +11,6 @@ from deepring.model.batch import ForwardBatch, SeqChunk
 from deepring.model.config import CSA, HASH_MOE, HCA, MOE, SLIDING, ModelConfig
 from deepring.model.loader import load_model
 
-torch.set_flush_denormal(True)
-
 BASE = {
     "model_type": "deepseek_v4",
     "vocab_size": 512,

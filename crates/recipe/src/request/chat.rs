@@ -10,9 +10,7 @@ use super::common::{
 use super::images::{self, DataUrlError, UNSUPPORTED_FILE, UNSUPPORTED_IMAGE};
 use super::options::ConversionOptions;
 use super::ConversationRequest;
-use crate::conversation::{
-    Conversation, ImageData, ImageDetail, ImageSource, Message, Role, ToolCall,
-};
+use crate::conversation::{ImageData, ImageDetail, ImageSource, Message, Role, ToolCall};
 use crate::error::{ConversionError, RecipeError};
 use crate::render::ModelVersion;
 use crate::special::SpecialToken;
@@ -435,49 +433,31 @@ impl ChatCompletionRequest {
             ));
         }
 
-        let resolved = Resolved {
-            thinking,
-            tools: &tools,
-            tool_choice,
-            format: &format,
-            format_constraint,
-            messages: &messages,
-            stop_sequences: stop,
-        };
-        let constraint = common::output_constraint(&resolved);
-        let parsing = common::parsing_options(resolved, options);
-        let inference = common::inference_options(
-            max_tokens,
-            common::sampling(
+        Ok(common::assemble(
+            Resolved {
                 version,
                 thinking,
-                !tools.is_empty(),
-                self.temperature,
-                self.top_p,
-            ),
-            logprobs,
-            self.top_logprobs,
-            self.seed,
-            constraint,
-        );
-        Ok(ConversationRequest {
-            conversation: Conversation {
+                reasoning_effort: effort,
                 messages,
-                thinking_mode: thinking,
                 tools,
                 tool_choice,
-                reasoning_effort: effort,
-                response_format: format,
+                format,
+                format_constraint,
+                stop_sequences: stop,
+                max_tokens,
+                temperature: self.temperature,
+                top_p: self.top_p,
+                logprobs,
+                top_logprobs: self.top_logprobs,
+                seed: self.seed,
+                stream,
+                output: super::OutputOptions {
+                    include_usage,
+                    ..Default::default()
+                },
             },
-            inference_options: inference,
-            parsing_options: parsing,
-            model_version: version,
-            stream,
-            output: super::OutputOptions {
-                include_usage,
-                ..Default::default()
-            },
-        })
+            options,
+        ))
     }
 }
 

@@ -8,8 +8,9 @@ use super::options::{
     ReasoningContentBehavior, ThinkingInitialStage,
 };
 use super::schema::{self, SchemaError, Top};
+use super::ConversationRequest;
 use crate::conversation::{
-    Message, ReasoningEffort, ResponseFormat, Role, ToolChoice, ToolDefinition,
+    Conversation, Message, ReasoningEffort, ResponseFormat, Role, ToolChoice, ToolDefinition,
 };
 use crate::error::ConversionError;
 use crate::render::ModelVersion;
@@ -411,18 +412,68 @@ pub(crate) fn tools_constraint_json(tools: &[ToolDefinition]) -> String {
     Value::Array(items).to_string()
 }
 
-/// Everything a protocol resolved, assembled into the options the backend and parser need.
-pub(crate) struct Resolved<'a> {
+/// Everything a protocol resolved; [`assemble`] turns it into the converted request.
+pub(crate) struct Resolved {
+    pub version: ModelVersion,
     pub thinking: bool,
-    pub tools: &'a [ToolDefinition],
+    pub reasoning_effort: Option<ReasoningEffort>,
+    pub messages: Vec<Message>,
+    pub tools: Vec<ToolDefinition>,
     pub tool_choice: ToolChoice,
-    pub format: &'a ResponseFormat,
+    pub format: ResponseFormat,
+    /// The schema text of a JSON format's output constraint.
     pub format_constraint: Option<String>,
-    pub messages: &'a [Message],
     pub stop_sequences: Vec<String>,
+    pub max_tokens: Option<u32>,
+    /// As requested; [`sampling`] applies the version's rules.
+    pub temperature: Option<f32>,
+    pub top_p: Option<f32>,
+    pub logprobs: bool,
+    pub top_logprobs: Option<u8>,
+    pub seed: Option<u64>,
+    pub stream: bool,
+    pub output: super::OutputOptions,
 }
 
-pub(crate) fn output_constraint(r: &Resolved<'_>) -> Option<OutputConstraint> {
+/// The conversation, sampling and parsing options of a resolved request.
+pub(crate) fn assemble(r: Resolved, options: &ConversionOptions) -> ConversationRequest {
+    let has_tools = !r.tools.is_empty();
+    let (temperature, top_p) = sampling(r.version, r.thinking, has_tools, r.temperature, r.top_p);
+    let inference = InferenceOptions {
+        max_tokens: r.max_tokens,
+        temperature: Some(temperature),
+        top_p: Some(top_p),
+        logprobs: r.logprobs,
+        top_logprobs: r.top_logprobs,
+        seed: r.seed,
+        output_constraint: output_constraint(&r),
+    };
+    let parsing = ParsingOptions {
+        parse_tool_calls: has_tools,
+        starts_in_tool_calls: has_tools && r.tool_choice == ToolChoice::Required,
+        parse_json_output: r.format == ResponseFormat::JsonObject,
+        thinking_initial_stage: r.thinking.then(|| initial_stage(&r.messages)),
+        stop_sequences: r.stop_sequences,
+        special_tokens: options.special_tokens.clone(),
+    };
+    ConversationRequest {
+        conversation: Conversation {
+            messages: r.messages,
+            thinking_mode: r.thinking,
+            tools: r.tools,
+            tool_choice: r.tool_choice,
+            reasoning_effort: r.reasoning_effort,
+            response_format: r.format,
+        },
+        inference_options: inference,
+        parsing_options: parsing,
+        model_version: r.version,
+        stream: r.stream,
+        output: r.output,
+    }
+}
+
+fn output_constraint(r: &Resolved) -> Option<OutputConstraint> {
     if !r.tools.is_empty() {
         let kind = if r.tool_choice == ToolChoice::Required {
             "tool_call_required"
@@ -431,10 +482,10 @@ pub(crate) fn output_constraint(r: &Resolved<'_>) -> Option<OutputConstraint> {
         };
         return Some(OutputConstraint {
             kind: kind.into(),
-            schema: tools_constraint_json(r.tools),
+            schema: tools_constraint_json(&r.tools),
         });
     }
-    match r.format {
+    match &r.format {
         ResponseFormat::JsonObject | ResponseFormat::JsonSchema(_) => Some(OutputConstraint {
             kind: "json".into(),
             schema: r.format_constraint.clone().unwrap_or_default(),
@@ -447,8 +498,9 @@ pub(crate) fn output_constraint(r: &Resolved<'_>) -> Option<OutputConstraint> {
     }
 }
 
-pub(crate) fn parsing_options(r: Resolved<'_>, options: &ConversionOptions) -> ParsingOptions {
-    let stage = r.thinking.then(|| match r.messages.last() {
+/// Where the parser starts in thinking mode: a prefix continuation resumes its stage.
+fn initial_stage(messages: &[Message]) -> ThinkingInitialStage {
+    match messages.last() {
         Some(m) if m.role == Role::Assistant && m.prefix => {
             if !m.content.is_empty() {
                 ThinkingInitialStage::ContentContinuation
@@ -463,33 +515,6 @@ pub(crate) fn parsing_options(r: Resolved<'_>, options: &ConversionOptions) -> P
             }
         }
         _ => ThinkingInitialStage::ReasoningStart,
-    });
-    ParsingOptions {
-        parse_tool_calls: !r.tools.is_empty(),
-        starts_in_tool_calls: !r.tools.is_empty() && r.tool_choice == ToolChoice::Required,
-        parse_json_output: *r.format == ResponseFormat::JsonObject,
-        thinking_initial_stage: stage,
-        stop_sequences: r.stop_sequences,
-        special_tokens: options.special_tokens.clone(),
-    }
-}
-
-pub(crate) fn inference_options(
-    max_tokens: Option<u32>,
-    (temperature, top_p): (f32, f32),
-    logprobs: bool,
-    top_logprobs: Option<u8>,
-    seed: Option<u64>,
-    output_constraint: Option<OutputConstraint>,
-) -> InferenceOptions {
-    InferenceOptions {
-        max_tokens,
-        temperature: Some(temperature),
-        top_p: Some(top_p),
-        logprobs,
-        top_logprobs,
-        seed,
-        output_constraint,
     }
 }
 

@@ -15,8 +15,7 @@ use super::options::{ConversionOptions, WebSearchBehavior};
 use super::responses::ResponsesEffort;
 use super::ConversationRequest;
 use crate::conversation::{
-    Conversation, ImageData, ImageDetail, ImageSource, Message, ResponseFormat, Role, ToolCall,
-    ToolDefinition,
+    ImageData, ImageDetail, ImageSource, Message, ResponseFormat, Role, ToolCall, ToolDefinition,
 };
 use crate::error::{ConversionError, RecipeError};
 use crate::pyjson::{self, NumberStyle};
@@ -472,47 +471,28 @@ impl MessagesRequest {
         let max_tokens = self.max_tokens.map(|m| m.min(bound));
         common::check_max_tokens(max_tokens, thinking, options)?;
 
-        let format = ResponseFormat::Text;
-        let resolved = Resolved {
-            thinking,
-            tools: &tools,
-            tool_choice,
-            format: &format,
-            format_constraint: None,
-            messages: &messages,
-            stop_sequences: stop,
-        };
-        let constraint = common::output_constraint(&resolved);
-        let parsing = common::parsing_options(resolved, options);
-        let inference = common::inference_options(
-            max_tokens,
-            common::sampling(
+        Ok(common::assemble(
+            Resolved {
                 version,
                 thinking,
-                !tools.is_empty(),
-                self.temperature,
-                self.top_p,
-            ),
-            false,
-            None,
-            None,
-            constraint,
-        );
-        Ok(ConversationRequest {
-            conversation: Conversation {
+                reasoning_effort,
                 messages,
-                thinking_mode: thinking,
                 tools,
                 tool_choice,
-                reasoning_effort,
-                response_format: format,
+                format: ResponseFormat::Text,
+                format_constraint: None,
+                stop_sequences: stop,
+                max_tokens,
+                temperature: self.temperature,
+                top_p: self.top_p,
+                logprobs: false,
+                top_logprobs: None,
+                seed: None,
+                stream: self.stream.unwrap_or(false),
+                output: super::OutputOptions::default(),
             },
-            inference_options: inference,
-            parsing_options: parsing,
-            model_version: version,
-            stream: self.stream.unwrap_or(false),
-            output: super::OutputOptions::default(),
-        })
+            options,
+        ))
     }
 }
 

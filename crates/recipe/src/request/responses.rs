@@ -11,7 +11,7 @@ use super::images::{self, DataUrlError, UNSUPPORTED_IMAGE};
 use super::options::{ConversionOptions, WebSearchBehavior};
 use super::ConversationRequest;
 use crate::conversation::{
-    Conversation, ImageData, ImageDetail, ImageSource, Message, ResponseFormat, Role, ToolCall,
+    ImageData, ImageDetail, ImageSource, Message, ResponseFormat, Role, ToolCall,
 };
 use crate::error::{ConversionError, RecipeError};
 use crate::render::ModelVersion;
@@ -687,17 +687,6 @@ impl ResponsesRequest {
         }
         common::check_max_tokens(self.max_output_tokens, thinking, options)?;
 
-        let resolved = Resolved {
-            thinking,
-            tools: &tools,
-            tool_choice,
-            format: &format,
-            format_constraint,
-            messages: &messages,
-            stop_sequences: Vec::new(),
-        };
-        let constraint = common::output_constraint(&resolved);
-        let parsing = common::parsing_options(resolved, options);
         // Calls of declared custom tools come back as `custom_tool_call` items.
         let custom_tools = self
             .tools
@@ -708,38 +697,31 @@ impl ResponsesRequest {
                 _ => None,
             })
             .collect();
-        let inference = common::inference_options(
-            self.max_output_tokens,
-            common::sampling(
+        Ok(common::assemble(
+            Resolved {
                 version,
                 thinking,
-                !tools.is_empty(),
-                self.temperature,
-                self.top_p,
-            ),
-            self.top_logprobs.is_some(),
-            self.top_logprobs,
-            None,
-            constraint,
-        );
-        Ok(ConversationRequest {
-            conversation: Conversation {
+                reasoning_effort,
                 messages,
-                thinking_mode: thinking,
                 tools,
                 tool_choice,
-                reasoning_effort,
-                response_format: format,
+                format,
+                format_constraint,
+                stop_sequences: Vec::new(),
+                max_tokens: self.max_output_tokens,
+                temperature: self.temperature,
+                top_p: self.top_p,
+                logprobs: self.top_logprobs.is_some(),
+                top_logprobs: self.top_logprobs,
+                seed: None,
+                stream: self.stream.unwrap_or(false),
+                output: super::OutputOptions {
+                    custom_tools,
+                    ..Default::default()
+                },
             },
-            inference_options: inference,
-            parsing_options: parsing,
-            model_version: version,
-            stream: self.stream.unwrap_or(false),
-            output: super::OutputOptions {
-                custom_tools,
-                ..Default::default()
-            },
-        })
+            options,
+        ))
     }
 
     fn convert_input(&self, image_token: &str, vision: bool) -> Result<Vec<Message>> {
