@@ -6,12 +6,14 @@ Two requests per protocol (Chat Completions, Responses, Messages):
   reasoning on the assistant turns;
 - short: one user turn, no tools.
 
-One operation = construct the request from the body (a dict, as a server that has parsed JSON
-holds it), `convert(ConversionOptions())`, and `render_conversation` with the V4.1 encoding.
+One operation = construct the request from the body, `convert(ConversionOptions())`, and
+`render_conversation` with the V4.1 encoding. The body is the JSON bytes an HTTP server receives
+(what `deepring serve` passes), or with `--body dict` an already-parsed dict.
 Requests/s = operations / best wall time of `--repeats` timed loops of at least `--min-seconds`
 each. Prints ours, official and the ratio against the 2x target.
 
-Usage: python bench/recipe_render.py [--repeats 3] [--min-seconds 1.0] [--json OUT]
+Usage: python bench/recipe_render.py [--repeats 3] [--min-seconds 1.0] [--body bytes|dict]
+       [--json OUT]
 """
 
 from __future__ import annotations
@@ -205,7 +207,7 @@ CLASSES = {
 }
 
 
-def operation(M, protocol: str, body: dict) -> Callable[[], object]:
+def operation(M, protocol: str, body: dict | bytes) -> Callable[[], object]:
     cls = getattr(M, CLASSES[protocol])
     options = M.ConversionOptions()
     encoding = M.DeepseekV41Encoding()
@@ -236,16 +238,20 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--min-seconds", type=float, default=1.0)
+    parser.add_argument("--body", choices=("bytes", "dict"), default="bytes")
     parser.add_argument("--json", help="also write the results to this file")
     args = parser.parse_args()
 
-    print(f"{platform.processor() or platform.machine()}, python {sys.version.split()[0]}")
+    print(f"{platform.processor() or platform.machine()}, python {sys.version.split()[0]}, "
+          f"{args.body} bodies")  # fmt: skip
     print(f"{'protocol':<10} {'request':<6} {'prompt chars':>12} {'ours req/s':>11} "
           f"{'official':>10} {'ratio':>6}  target {TARGET}x")  # fmt: skip
     results = []
     for protocol, make in BODIES.items():
         for long in (True, False):
-            body = make(long)
+            body: dict | bytes = make(long)
+            if args.body == "bytes":
+                body = json.dumps(body).encode()
             prompt = operation(ours, protocol, body)().prompt
             want = operation(official, protocol, body)().prompt
             if prompt != want:

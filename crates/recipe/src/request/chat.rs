@@ -312,12 +312,27 @@ impl<'de> Deserialize<'de> for ChatToolChoice {
 impl ChatCompletionRequest {
     /// Parse a body (see [`super::parse_body`]), reading `max_completion_tokens` on the side.
     pub fn from_body(body: super::RequestBody<'_>) -> std::result::Result<Self, RecipeError> {
-        let value = super::body::to_value(body)?;
-        let max_completion_tokens = value.get("max_completion_tokens").cloned();
-        let mut request: ChatCompletionRequest =
-            super::parse_body(super::RequestBody::Value(value))?;
+        #[derive(Deserialize)]
+        struct CompletionLimit {
+            max_completion_tokens: Option<Value>,
+        }
+        let (mut request, limit): (ChatCompletionRequest, Option<Value>) = match body {
+            super::RequestBody::Text(bytes) => {
+                let request: ChatCompletionRequest =
+                    super::parse_body(super::RequestBody::Text(bytes))?;
+                // The body parsed, so it is JSON: read the limit on the side.
+                let limit = serde_json::from_slice::<CompletionLimit>(bytes)
+                    .ok()
+                    .and_then(|l| l.max_completion_tokens);
+                (request, limit)
+            }
+            super::RequestBody::Value(value) => {
+                let limit = value.get("max_completion_tokens").cloned();
+                (super::parse_body(super::RequestBody::Value(value))?, limit)
+            }
+        };
         // Read like `max_tokens`, with the same message for a bad value.
-        request.max_completion_tokens = match max_completion_tokens {
+        request.max_completion_tokens = match limit {
             None => None,
             Some(v) => Option::<u32>::deserialize(v)
                 .map_err(|e| RecipeError::InvalidBody(format!("invalid request body: {e}")))?,

@@ -91,15 +91,69 @@ pub enum TextOrList<T> {
     List(Vec<T>),
 }
 
-impl<'de, T: for<'a> Deserialize<'a>> Deserialize<'de> for TextOrList<T> {
+impl<'de, T: Deserialize<'de>> Deserialize<'de> for TextOrList<T> {
     fn deserialize<D: Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
-        match Value::deserialize(d)? {
-            Value::String(s) => Ok(TextOrList::Text(s)),
-            v @ Value::Array(_) => serde_json::from_value(v)
-                .map(TextOrList::List)
-                .map_err(D::Error::custom),
-            _ => Err(D::Error::custom("expected a string or a list")),
+        struct V<T>(std::marker::PhantomData<T>);
+        const EXPECTED: &str = "expected a string or a list";
+        fn other<E: serde::de::Error, R>() -> std::result::Result<R, E> {
+            Err(E::custom(EXPECTED))
         }
+        impl<'de, T: Deserialize<'de>> serde::de::Visitor<'de> for V<T> {
+            type Value = TextOrList<T>;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a string or a list")
+            }
+            fn visit_str<E: serde::de::Error>(
+                self,
+                s: &str,
+            ) -> std::result::Result<Self::Value, E> {
+                Ok(TextOrList::Text(s.to_string()))
+            }
+            fn visit_string<E: serde::de::Error>(
+                self,
+                s: String,
+            ) -> std::result::Result<Self::Value, E> {
+                Ok(TextOrList::Text(s))
+            }
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(
+                self,
+                mut seq: A,
+            ) -> std::result::Result<Self::Value, A::Error> {
+                let mut items = Vec::with_capacity(seq.size_hint().unwrap_or(0).min(1024));
+                while let Some(item) = seq.next_element()? {
+                    items.push(item);
+                }
+                Ok(TextOrList::List(items))
+            }
+            fn visit_bool<E: serde::de::Error>(
+                self,
+                _: bool,
+            ) -> std::result::Result<Self::Value, E> {
+                other()
+            }
+            fn visit_i64<E: serde::de::Error>(self, _: i64) -> std::result::Result<Self::Value, E> {
+                other()
+            }
+            fn visit_u64<E: serde::de::Error>(self, _: u64) -> std::result::Result<Self::Value, E> {
+                other()
+            }
+            fn visit_f64<E: serde::de::Error>(self, _: f64) -> std::result::Result<Self::Value, E> {
+                other()
+            }
+            fn visit_unit<E: serde::de::Error>(self) -> std::result::Result<Self::Value, E> {
+                other()
+            }
+            fn visit_none<E: serde::de::Error>(self) -> std::result::Result<Self::Value, E> {
+                other()
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                _: A,
+            ) -> std::result::Result<Self::Value, A::Error> {
+                other()
+            }
+        }
+        d.deserialize_any(V(std::marker::PhantomData))
     }
 }
 

@@ -55,9 +55,6 @@ impl MarkerKind for Marker {
     fn absorbs_newlines(self) -> bool {
         matches!(self, Marker::ThinkEnd | Marker::DsmlOpen)
     }
-    fn is_fence(self) -> bool {
-        self == Marker::FenceOpen
-    }
 }
 
 /// Where the parser is. Each matcher stage has its own automaton.
@@ -162,7 +159,9 @@ pub(crate) fn stage_automaton(
                 p.push(pat(Marker::StrayThinkEnd, &[t]));
             }
             dsml_open(&mut p);
-            p.push(pat(Marker::FenceOpen, &[b"```"]));
+            // Only these two openers start a fenced block (`jsonc`, `JSON`, `js`... are text).
+            p.push(pat(Marker::FenceOpen, &[b"```json\n"]));
+            p.push(pat(Marker::FenceOpen, &[b"```\n"]));
             p.push(pat(Marker::JsonStart, &[b"{"]));
             p.push(pat(Marker::JsonStart, &[b"["]));
         }

@@ -12,10 +12,7 @@
 //!   `</th\n\n<｜DSML｜` gives `</th` (the partial `</th` was of `</think>`, not of the DSML
 //!   opener). A run therefore remembers which markers had a partial match when it started, and
 //!   each of those absorbs one newline less. Replicating this keeps text and token input equal
-//!   to the official byte for byte;
-//! - a *fence candidate*: the JSON fence marker is "```", then any language tag, then a newline.
-//!   After "```" the candidate grows until a newline completes it; any other marker completing
-//!   first (`{`, `[`, `</think>`) cancels it and its bytes become text.
+//!   to the official byte for byte.
 //!
 //! Everything before the earliest byte one of these still needs is settled at once: that is the
 //! safe prefix the processor emits immediately (deepseek-recipe holds the whole pushed chunk
@@ -27,8 +24,6 @@ use super::automaton::Automaton;
 pub(crate) trait MarkerKind: Copy {
     /// Absorbs the newline run right before it.
     fn absorbs_newlines(self) -> bool;
-    /// A fence opener: complete only at the next newline.
-    fn is_fence(self) -> bool;
 }
 
 /// The outcome of one byte.
@@ -59,8 +54,8 @@ pub(crate) struct Matcher<T> {
     held: usize,
     /// The newline run a marker could still absorb.
     run: Option<Run>,
-    /// Start (within the held bytes) and tag of an incomplete fence.
-    fence: Option<(usize, T)>,
+    /// The marker kind the automaton reports (typed per stage automaton).
+    kind: std::marker::PhantomData<T>,
 }
 
 impl<T: MarkerKind> Matcher<T> {
@@ -69,7 +64,7 @@ impl<T: MarkerKind> Matcher<T> {
             state: 0,
             held: 0,
             run: None,
-            fence: None,
+            kind: std::marker::PhantomData,
         }
     }
 
@@ -91,7 +86,6 @@ impl<T: MarkerKind> Matcher<T> {
         self.state = 0;
         self.held = 0;
         self.run = None;
-        self.fence = None;
     }
 
     /// Feed one byte. `newline_runs`: the stage has markers that absorb newlines.
@@ -99,55 +93,38 @@ impl<T: MarkerKind> Matcher<T> {
         let before = self.held;
         let before_state = self.state;
         self.held += 1;
-        if b == b'\n' {
-            if let Some((start, tag)) = self.fence {
-                self.reset();
-                return Step::Match {
-                    text: start,
-                    marker: before + 1 - start,
-                    tag,
-                };
-            }
-            if newline_runs {
-                match &mut self.run {
-                    Some(r) if r.start + r.len == before => r.len += 1,
-                    _ => {
-                        self.run = Some(Run {
-                            start: before,
-                            len: 1,
-                            leak: a.partials(before_state),
-                        })
-                    }
+        if b == b'\n' && newline_runs {
+            match &mut self.run {
+                Some(r) if r.start + r.len == before => r.len += 1,
+                _ => {
+                    self.run = Some(Run {
+                        start: before,
+                        len: 1,
+                        leak: a.partials(before_state),
+                    })
                 }
             }
         }
         self.state = a.step(before_state, b);
         if let Some((len, tag, index)) = a.output(self.state) {
             let start = self.held - len;
-            if tag.is_fence() {
-                if self.fence.is_none() {
-                    self.fence = Some((start, tag));
+            let absorbed = match self.run {
+                Some(r) if tag.absorbs_newlines() && r.start + r.len == start => {
+                    let leaks = index < 64 && r.leak & (1 << index) != 0;
+                    r.len - usize::from(leaks)
                 }
-            } else {
-                let absorbed = match self.run {
-                    Some(r) if tag.absorbs_newlines() && r.start + r.len == start => {
-                        let leaks = index < 64 && r.leak & (1 << index) != 0;
-                        r.len - usize::from(leaks)
-                    }
-                    _ => 0,
-                };
-                let text = start - absorbed;
-                let held = self.held;
-                self.reset();
-                return Step::Match {
-                    text,
-                    marker: held - text,
-                    tag,
-                };
-            }
+                _ => 0,
+            };
+            let text = start - absorbed;
+            let held = self.held;
+            self.reset();
+            return Step::Match {
+                text,
+                marker: held - text,
+                tag,
+            };
         }
-        let partial = self.held - a.depth(self.state);
-        let mut earliest = self.fence.map_or(partial, |(f, _)| f.min(partial));
+        let mut earliest = self.held - a.depth(self.state);
         if let Some(r) = self.run {
             if b != b'\n' && earliest > r.start + r.len {
                 // Text that starts no marker follows the newlines: they are not a prefix any more.
@@ -160,9 +137,6 @@ impl<T: MarkerKind> Matcher<T> {
             return Step::Hold;
         }
         self.held -= earliest;
-        if let Some((f, _)) = self.fence.as_mut() {
-            *f -= earliest;
-        }
         if let Some(r) = self.run.as_mut() {
             r.start -= earliest;
         }
@@ -179,16 +153,11 @@ mod tests {
     enum M {
         End,
         Stop,
-        Fence,
-        Brace,
     }
 
     impl MarkerKind for M {
         fn absorbs_newlines(self) -> bool {
             self == M::End
-        }
-        fn is_fence(self) -> bool {
-            self == M::Fence
         }
     }
 
@@ -258,19 +227,6 @@ mod tests {
             ("ab\n\n".into(), Some(("STOP".into(), M::Stop)))
         );
         assert_eq!(run(&a, "a\n<\n\n\nb").0, "a\n<");
-    }
-
-    #[test]
-    fn fence_completes_at_newline_or_yields() {
-        let a = automaton(&[("```", M::Fence), ("{", M::Brace)]);
-        assert_eq!(
-            run(&a, "a```json\n"),
-            ("a".into(), Some(("```json\n".into(), M::Fence)))
-        );
-        assert_eq!(
-            run(&a, "```json {"),
-            ("```json ".into(), Some(("{".into(), M::Brace)))
-        );
     }
 
     #[test]
