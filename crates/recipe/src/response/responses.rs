@@ -129,6 +129,11 @@ pub struct OutputItem {
 
 impl OutputItem {
     fn write_id(&self, out: &mut String, response_id: &str) {
+        json::string(out, &self.item_id(response_id));
+    }
+
+    /// `<kind prefix><response id>_<index>`.
+    pub fn item_id(&self, response_id: &str) -> String {
         let prefix = match self.body {
             ItemBody::Reasoning { .. } => "rs_",
             ItemBody::Message { .. } => "msg_",
@@ -140,13 +145,7 @@ impl OutputItem {
         id.push_str(response_id);
         id.push('_');
         id.push_str(&self.index.to_string());
-        json::string(out, &id);
-    }
-
-    pub fn item_id(&self, response_id: &str) -> String {
-        let mut s = String::new();
-        self.write_id(&mut s, response_id);
-        serde_json::from_str(&s).unwrap_or_default()
+        id
     }
 
     /// `full`: with content (false for `output_item.added`).

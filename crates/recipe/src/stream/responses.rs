@@ -47,6 +47,8 @@ pub struct ResponsesChunkGenerator {
     created_at: u64,
     sequence: u64,
     output: Vec<OutputItem>,
+    /// The id of each output item (computed once; every delta carries it).
+    item_ids: Vec<String>,
     /// The item being streamed (an index into `output`).
     open: Option<usize>,
     custom: CustomInput,
@@ -66,6 +68,7 @@ impl ResponsesChunkGenerator {
             created_at: ids::unix_now(),
             sequence: 0,
             output: Vec::new(),
+            item_ids: Vec::new(),
             open: None,
             custom: CustomInput::Json,
             calls: 0,
@@ -146,7 +149,7 @@ impl ResponsesChunkGenerator {
     }
 
     fn item_id(&self, index: usize) -> String {
-        self.output[index].item_id(&self.id)
+        self.item_ids[index].clone()
     }
 
     /// Close the open item (`commentary`: a tool call follows a message).
@@ -187,6 +190,7 @@ impl ResponsesChunkGenerator {
             item.body,
             ItemBody::Reasoning { .. } | ItemBody::Message { .. }
         );
+        self.item_ids.push(item.item_id(&self.id));
         self.output.push(item.clone());
         self.open = Some(index);
         let item = Box::new(item);
