@@ -522,7 +522,7 @@ pub(crate) fn message_to_py(py: Python<'_>, message: &Message) -> PyResult<Py<Py
 #[pyclass(module = "deepring_recipe._native", name = "Conversation", frozen)]
 #[derive(Clone)]
 pub(crate) struct PyConversation {
-    pub(crate) inner: Conversation,
+    pub(crate) inner: std::sync::Arc<Conversation>,
 }
 
 fn parse_tool_choice(s: &str) -> PyResult<ToolChoice> {
@@ -594,7 +594,7 @@ impl PyConversation {
             (None, None) => ResponseFormat::Text,
         };
         Ok(PyConversation {
-            inner: Conversation {
+            inner: std::sync::Arc::new(Conversation {
                 messages: messages
                     .map(|m| m.iter().map(|m| m.inner.clone()).collect())
                     .unwrap_or_default(),
@@ -603,7 +603,7 @@ impl PyConversation {
                 tool_choice,
                 reasoning_effort,
                 response_format,
-            },
+            }),
         })
     }
     #[getter]

@@ -127,7 +127,14 @@ impl EncodingState {
     }
 
     fn render(&self, py: Python<'_>, conv: &PyConversation) -> PyResult<PyRenderedPrompt> {
-        let rendered = py.detach(|| self.encoding.render(&conv.inner));
+        let size: usize = conv
+            .inner
+            .messages
+            .iter()
+            .map(|m| m.content.len() + m.reasoning_content.as_ref().map_or(0, String::len))
+            .sum();
+        let rendered =
+            crate::request::maybe_detached(py, size, || self.encoding.render(&conv.inner));
         let special_ranges = byte_ranges_to_chars(&rendered.prompt, &rendered.special_ranges);
         let image_sources = rendered
             .image_sources

@@ -457,14 +457,14 @@ pub(crate) fn assemble(r: Resolved, options: &ConversionOptions) -> Conversation
         special_tokens: options.special_tokens.clone(),
     };
     ConversationRequest {
-        conversation: Conversation {
+        conversation: std::sync::Arc::new(Conversation {
             messages: r.messages,
             thinking_mode: r.thinking,
             tools: r.tools,
             tool_choice: r.tool_choice,
             reasoning_effort: r.reasoning_effort,
             response_format: r.format,
-        },
+        }),
         inference_options: inference,
         parsing_options: parsing,
         model_version: r.version,

@@ -20,6 +20,8 @@ pub use options::{
     ReasoningContentBehavior, ThinkingInitialStage, WebSearchBehavior,
 };
 
+use std::sync::Arc;
+
 use crate::conversation::{Conversation, ReasoningEffort};
 use crate::error::ConversionError;
 use crate::render::ModelVersion;
@@ -27,7 +29,8 @@ use crate::render::ModelVersion;
 /// A converted request: what to render, how to sample, how to parse the output.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ConversationRequest {
-    pub conversation: Conversation,
+    /// Shared: the Python binding hands it out without copying the messages.
+    pub conversation: Arc<Conversation>,
     pub inference_options: InferenceOptions,
     pub parsing_options: ParsingOptions,
     pub model_version: ModelVersion,
@@ -51,7 +54,7 @@ impl ConversationRequest {
     /// A request with default inference, parsing and transport options.
     pub fn new(conversation: Conversation, model_version: ModelVersion) -> Self {
         ConversationRequest {
-            conversation,
+            conversation: Arc::new(conversation),
             inference_options: InferenceOptions::default(),
             parsing_options: ParsingOptions::default(),
             model_version,
