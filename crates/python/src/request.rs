@@ -3,7 +3,8 @@
 use std::sync::Mutex;
 
 use deepring_recipe::request::chat::ChatCompletionRequest;
-use deepring_recipe::request::{ConversationRequest, RequestBody};
+use deepring_recipe::request::{ConversationRequest, ConversionOptions, RequestBody};
+use deepring_recipe::ConversionError;
 use deepring_recipe::RecipeError;
 use pyo3::exceptions::PyRuntimeError;
 use pyo3::prelude::*;
@@ -64,6 +65,21 @@ where
         (py.detach(|| parse(RequestBody::Value(value))), usize::MAX)
     };
     result.map(|r| (r, size)).map_err(errors::recipe)
+}
+
+/// Convert the request in `slot` (consuming it) with the GIL released for large bodies; errors
+/// mapped in one place.
+fn convert_taken<T: Send>(
+    py: Python<'_>,
+    slot: &Mutex<Option<T>>,
+    size: usize,
+    options: &ConversionOptions,
+    convert: impl FnOnce(T, &ConversionOptions) -> Result<ConversationRequest, ConversionError> + Send,
+) -> PyResult<PyConversationRequest> {
+    let request = take(slot)?;
+    maybe_detached(py, size, || convert(request, options))
+        .map(|inner| PyConversationRequest { inner })
+        .map_err(|e| errors::conversion(&e))
 }
 
 /// Take the request out of its slot, or fail if a previous `convert` consumed it.
@@ -162,11 +178,13 @@ impl PyChatCompletionRequest {
         py: Python<'_>,
         options: PyRef<'_, PyConversionOptions>,
     ) -> PyResult<PyConversationRequest> {
-        let request = take(&self.slot)?;
-        let options = &options.inner;
-        maybe_detached(py, self.size, || request.convert(options))
-            .map(|inner| PyConversationRequest { inner })
-            .map_err(|e| errors::conversion(&e))
+        convert_taken(
+            py,
+            &self.slot,
+            self.size,
+            &options.inner,
+            ChatCompletionRequest::convert,
+        )
     }
     #[staticmethod]
     fn chunk_generator(
@@ -232,11 +250,13 @@ impl PyResponsesRequest {
         py: Python<'_>,
         options: PyRef<'_, PyConversionOptions>,
     ) -> PyResult<PyConversationRequest> {
-        let request = take(&self.slot)?;
-        let options = &options.inner;
-        maybe_detached(py, self.size, || request.convert(options))
-            .map(|inner| PyConversationRequest { inner })
-            .map_err(|e| errors::conversion(&e))
+        convert_taken(
+            py,
+            &self.slot,
+            self.size,
+            &options.inner,
+            ResponsesRequest::convert,
+        )
     }
     #[staticmethod]
     fn chunk_generator(
@@ -284,11 +304,13 @@ impl PyMessagesRequest {
         py: Python<'_>,
         options: PyRef<'_, PyConversionOptions>,
     ) -> PyResult<PyConversationRequest> {
-        let request = take(&self.slot)?;
-        let options = &options.inner;
-        maybe_detached(py, self.size, || request.convert(options))
-            .map(|inner| PyConversationRequest { inner })
-            .map_err(|e| errors::conversion(&e))
+        convert_taken(
+            py,
+            &self.slot,
+            self.size,
+            &options.inner,
+            MessagesRequest::convert,
+        )
     }
     #[staticmethod]
     fn chunk_generator(

@@ -641,7 +641,7 @@ impl Walk<'_> {
             let message = match block {
                 MessagesContentBlock::Text { text } => plain(Role::User, text.clone()),
                 MessagesContentBlock::Image { source } => {
-                    let (text, images) = self.image(source, &path)?;
+                    let (text, images) = self.image(source, &path, &path)?;
                     let span = vec![(0, text.len())];
                     if images.is_empty() {
                         plain(Role::User, text)
@@ -751,13 +751,8 @@ impl Walk<'_> {
             match block {
                 MessagesContentBlock::Text { text: t } => text.push_text(t),
                 MessagesContentBlock::Image { source } => {
-                    let (placeholder, found) = self.image(source, &path)?;
-                    if found.is_empty() {
-                        text.push_text(&placeholder);
-                    } else {
-                        text.push_image(&placeholder);
-                        images.extend(found);
-                    }
+                    let image = self.image(source, &path, &path)?;
+                    add_image(&mut text, &mut images, image);
                 }
                 MessagesContentBlock::Document { source } => text.push_text(&document(source)),
                 MessagesContentBlock::ToolAddition {
@@ -829,15 +824,9 @@ impl Walk<'_> {
                         MessagesToolResultBlock::Text { text: t } => text.push_text(t),
                         MessagesToolResultBlock::Image { source } => {
                             let path = format!("messages.{i}.content.{j}.tool_result");
-                            let (placeholder, found) = self
-                                .image(source, &path)
-                                .map_err(|e| at_result_block(e, &path, k))?;
-                            if found.is_empty() {
-                                text.push_text(&placeholder);
-                            } else {
-                                text.push_image(&placeholder);
-                                images.extend(found);
-                            }
+                            let at = format!("{path}.content[{k}]");
+                            let image = self.image(source, &path, &at)?;
+                            add_image(&mut text, &mut images, image);
                         }
                         MessagesToolResultBlock::Document { source } => {
                             text.push_text(&document(source))
@@ -862,11 +851,13 @@ impl Walk<'_> {
     }
 
     /// An image block: the image token and its source on V4.1, a text placeholder on V4 (which
-    /// has no vision), after the source is checked.
+    /// has no vision), after the source is checked. `path` is the source's location, `at` the
+    /// one errors name (inside a tool result they name the block within the result).
     fn image(
         &self,
         source: &MessagesImageSource,
         path: &str,
+        at: &str,
     ) -> Result<(String, Vec<ImageSource>)> {
         if self.version == ModelVersion::DeepseekV4Pro {
             return Ok(("[Unsupported Image]".to_string(), Vec::new()));
@@ -874,19 +865,19 @@ impl Walk<'_> {
         let data = match source {
             MessagesImageSource::Base64 { media_type, data } => {
                 if !images::check_bare_base64(data) {
-                    return Err(bad(format!("{path}: base64 decode error")));
+                    return Err(bad(format!("{at}: base64 decode error")));
                 }
                 ImageData::DataUrl(format!("data:{};base64,{data}", media_type.as_str()))
             }
             MessagesImageSource::Url { url } => {
                 if !images::is_web_url(url) {
-                    return Err(bad(format!("{path}: invalid url: {url:?}")));
+                    return Err(bad(format!("{at}: invalid url: {url:?}")));
                 }
                 ImageData::Url(url.clone())
             }
             MessagesImageSource::File {} => {
                 return Err(bad(format!(
-                    "{path}: file_id is not supported. Pass the image as a base64 data url instead."
+                    "{at}: file_id is not supported. Pass the image as a base64 data url instead."
                 )))
             }
         };
@@ -901,11 +892,17 @@ fn plain(role: Role, content: String) -> Message {
     Message::with_placeholders(role, content, Vec::new(), Vec::new())
 }
 
-/// An image error inside a tool result names the block within the result.
-fn at_result_block(e: ConversionError, path: &str, k: usize) -> ConversionError {
-    match e.message.strip_prefix(path) {
-        Some(rest) => bad(format!("{path}.content[{k}]{rest}")),
-        None => e,
+/// Append an image block's text: the image token with its source, or (V4) the placeholder text.
+fn add_image(
+    text: &mut common::BlockText,
+    images: &mut Vec<ImageSource>,
+    (placeholder, found): (String, Vec<ImageSource>),
+) {
+    if found.is_empty() {
+        text.push_text(&placeholder);
+    } else {
+        text.push_image(&placeholder);
+        images.extend(found);
     }
 }
 
