@@ -157,3 +157,31 @@ def test_sse_done_data():
     for protocol in S.PROTOCOLS:
         cls = S.RESPONSE_CLASS[protocol]
         assert getattr(ours, cls).sse_done_data() == getattr(official, cls).sse_done_data()
+
+
+STRAY_THINK_END = [
+    'Hello</think>\n\n<｜DSML｜tool_calls>\n<｜DSML｜invoke name="get_weather">\n</｜DSML｜invoke>',
+    "R\n\n</think>\n\nA</think></think>B",
+    "R</think>A\n</think>\nB",
+]
+
+
+@pytest.mark.parametrize("thinking", [True, False])
+@pytest.mark.parametrize("protocol", ["chat", "responses"])
+def test_dropped_think_end_takes_its_log_probability_along(protocol, thinking, tokenizers):
+    """A stray `</think>` in content is dropped, and so is its log probability entry; pieces
+    merged around it must not pick it up (a CI failure found by the property test above)."""
+    body: dict = {"model": "DeepSeek-V4.1-Flash"}
+    if protocol == "chat":
+        body |= {"messages": [{"role": "user", "content": "hi"}], "logprobs": True}
+        body["thinking"] = {"type": "enabled" if thinking else "disabled"}
+    else:
+        body |= {"input": "hi", "reasoning": {"effort": "high" if thinking else "none"}}
+    for text in STRAY_THINK_END:
+        case = {"protocol": protocol, "body": body, "options": {}, "output": text}
+        ids = tokenizers["official"].encode(text)
+        for cut in range(len(ids) + 1):
+            groups = [g for g in (ids[:cut], ids[cut:]) if g]
+            plan = {"kind": "token_groups", "cut": cut, "logprobs": True}
+            chunking = {"mode": "tokens", "groups": [[g, ss.logprobs_for(g)] for g in groups]}
+            compare(case, plan, chunking, tokenizers)

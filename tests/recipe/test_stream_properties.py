@@ -217,3 +217,26 @@ def test_inference_chunk_accessors():
         0,
         None,
     )
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+@pytest.mark.parametrize(
+    ("groups", "text"),
+    [([[33, 3574]], "?"), ([[33], [3574]], "?"), ([[33, 3574], [3574]], "?\ufffd")],
+)
+def test_every_generated_token_counts_even_an_unfinished_character(
+    protocol, tokenizer, groups, text
+):
+    """recipe/DEVIATIONS.md 3: the bytes of a character cut off by the end of the stream are
+    dropped, but the tokens that carried them were generated and count, however they were
+    grouped (3574 is the first half of a four-byte character; a second one breaks the first)."""
+    facts = {"stage": None, "tools": [], "required": False, "json": False, "stops": []}
+    case = {"facts": facts, "finish": "Length"}
+    chunking = {"mode": "tokens", "groups": [[g, None] for g in groups]}
+    result = run(protocol, case, parsing_options(facts, {}), chunking, tokenizer)
+    assert result["problems"] == []
+    assert "".join(result["texts"]) == text
+    usage = result["text"]["usage"]
+    assert usage["completion_tokens" if protocol == "chat" else "output_tokens"] == sum(
+        len(g) for g in groups
+    )

@@ -28,6 +28,24 @@ VECTORS = json.loads(
     (Path(__file__).parent.parent / "vectors" / "recipe-streams.json").read_text(encoding="utf-8")
 )["cases"]
 REASONS = {"stop": "Stop", "length": "Length", "content_filter": "ContentFilter"}
+# recipe/DEVIATIONS.md 3: tokens whose bytes end the stream inside a character are counted
+# (the official drops them from the count); case id -> such tokens in the recorded input.
+UNFINISHED_TAIL_TOKENS = {"cc_tokens_incomplete_tail": 1}
+
+
+def with_counted_tail(case: dict) -> dict:
+    """The recorded case with the usage deviation 3 applied to its expected output."""
+    extra = UNFINISHED_TAIL_TOKENS.get(case["id"], 0)
+    if not extra:
+        return case
+    case = json.loads(json.dumps(case))
+    for usage in [e["data"].get("usage") for e in case["events"]] + [
+        case["accumulated_response"]["usage"]
+    ]:
+        if usage:
+            usage["completion_tokens"] += extra
+            usage["total_tokens"] += extra
+    return case
 
 
 @pytest.fixture(scope="module")
@@ -76,6 +94,7 @@ def generator_and_options(case: dict):
 
 @pytest.mark.parametrize("case", VECTORS, ids=[c["id"] for c in VECTORS])
 def test_recorded_stream(case, tokenizer):
+    case = with_counted_tail(case)
     protocol = case["protocol"]
     inputs = case["inputs"]
     generator, parsing = generator_and_options(case)

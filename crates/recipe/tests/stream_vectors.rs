@@ -18,6 +18,35 @@ use deepring_recipe::stream::{
 };
 use serde_json::Value;
 
+/// recipe/DEVIATIONS.md 3: tokens whose bytes end the stream inside a character are counted (the
+/// official drops them from the count); case id and such tokens in the recorded input.
+const UNFINISHED_TAIL_TOKENS: &[(&str, u64)] = &[("cc_tokens_incomplete_tail", 1)];
+
+/// The recorded case with the usage deviation 3 applied to its expected output.
+fn with_counted_tail(case: &Value) -> Value {
+    let mut case = case.clone();
+    let id = case["id"].as_str().unwrap_or_default();
+    let Some(&(_, extra)) = UNFINISHED_TAIL_TOKENS.iter().find(|(c, _)| *c == id) else {
+        return case;
+    };
+    let bump = |usage: &mut Value| {
+        for key in ["completion_tokens", "total_tokens"] {
+            if let Some(n) = usage[key].as_u64() {
+                usage[key] = Value::from(n + extra);
+            }
+        }
+    };
+    if let Some(events) = case["events"].as_array_mut() {
+        for event in events {
+            if event["data"]["usage"].is_object() {
+                bump(&mut event["data"]["usage"]);
+            }
+        }
+    }
+    bump(&mut case["accumulated_response"]["usage"]);
+    case
+}
+
 fn finish_reason(s: &str) -> InferenceFinishReason {
     match s {
         "length" => InferenceFinishReason::Length,
@@ -48,6 +77,7 @@ fn inputs(case: &Value) -> Vec<Input> {
 }
 
 fn check_case(case: &Value) -> Result<(), String> {
+    let case = &with_counted_tail(case);
     let id = case["id"].as_str().unwrap_or("?");
     let protocol = case["protocol"].as_str().expect("protocol");
     let options = parsing_options(&case["parsing_options"]);

@@ -274,6 +274,14 @@ impl<G: ChunkGenerator> StreamProcessor<G> {
         }
     }
 
+    fn take_nonempty(&mut self, start: usize, end: usize) -> Option<Vec<TokenLogprobs>> {
+        if start < end {
+            self.take_logprobs(start, end)
+        } else {
+            None
+        }
+    }
+
     /// Hand the parsed pieces to the generator, merging neighbours of one kind.
     fn dispatch(&mut self, out: &mut Vec<G::Event>) {
         let pieces = std::mem::take(&mut self.pieces);
@@ -284,17 +292,21 @@ impl<G: ChunkGenerator> StreamProcessor<G> {
                 Out::Reasoning {
                     mut text,
                     start,
-                    mut end,
+                    end,
                 } => {
+                    let mut lp = self.take_nonempty(start, end);
                     while let Some(Out::Reasoning {
-                        text: t, end: e, ..
+                        text: t,
+                        start: s,
+                        end: e,
                     }) = iter.peek()
                     {
                         text.push_str(t);
-                        end = *e;
+                        if let Some(more) = self.take_nonempty(*s, *e) {
+                            lp.get_or_insert_with(Vec::new).extend(more);
+                        }
                         iter.next();
                     }
-                    let lp = self.take_logprobs(start, end);
                     if self.count_reasoning {
                         self.reasoning_text.push_str(&text);
                         self.count_settled_reasoning();
@@ -306,9 +318,10 @@ impl<G: ChunkGenerator> StreamProcessor<G> {
                     start,
                     end,
                 } => {
-                    // The log probabilities of the merged pieces' text (JSON-mode spaces have an
-                    // empty range and none).
-                    let mut range = (start < end).then_some((start, end));
+                    // Each piece takes the log probabilities of its own text, so a token the
+                    // parser dropped between two pieces (a stray `</think>`) is skipped, as
+                    // deepseek-recipe skips it; JSON-mode spaces have an empty range and none.
+                    let mut lp = self.take_nonempty(start, end);
                     while let Some(Out::Content {
                         text: t,
                         start: s,
@@ -316,12 +329,11 @@ impl<G: ChunkGenerator> StreamProcessor<G> {
                     }) = iter.peek()
                     {
                         text.push_str(t);
-                        if s < e {
-                            range = Some(range.map_or((*s, *e), |(a, _)| (a, *e)));
+                        if let Some(more) = self.take_nonempty(*s, *e) {
+                            lp.get_or_insert_with(Vec::new).extend(more);
                         }
                         iter.next();
                     }
-                    let lp = range.and_then(|(s, e)| self.take_logprobs(s, e));
                     self.generator.content(text, lp, out);
                 }
                 Out::ToolStart { name } => self.generator.tool_start(name, out),
@@ -348,8 +360,11 @@ impl<G: ChunkGenerator> StreamProcessor<G> {
 
     fn end(&mut self, ending: Ending<'_>, out: &mut Vec<G::Event>) {
         self.parser.finish(&mut self.pieces);
-        if let Some(t) = self.tokens.as_mut() {
-            t.finish();
+        // The bytes of an unfinished character are dropped, but their tokens were generated and
+        // count (recipe/DEVIATIONS.md 3); after a stop sequence nothing further counts.
+        let held = self.tokens.as_mut().map_or(0, |t| t.finish());
+        if !matches!(ending, Ending::StopSequence(_)) {
+            self.count(held);
         }
         self.dispatch(out);
         let usage = self.usage();
