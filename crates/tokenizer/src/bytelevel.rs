@@ -5,7 +5,7 @@ use std::collections::HashMap;
 
 /// Byte -> character, the table GPT-2 introduced: printable Latin-1 bytes map to themselves, the
 /// rest are shifted to code points from U+0100 upwards in byte order.
-fn byte_to_char() -> [char; 256] {
+pub(crate) fn byte_to_char() -> [char; 256] {
     let mut table = ['\0'; 256];
     let mut next = 256u32;
     for b in 0..=255u8 {

@@ -7,9 +7,11 @@
 //! [`parallel`] for how a single long segment is split as well.
 
 mod bytelevel;
+mod charclass;
 mod decode;
 mod error;
 mod parallel;
+mod pretokenize;
 mod tokenizer;
 
 pub use decode::{IncrementalDecoder, Piece};

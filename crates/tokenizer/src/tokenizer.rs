@@ -11,6 +11,7 @@ use tokenizers::{
 use crate::bytelevel;
 use crate::error::{Result, TokenizerError};
 use crate::parallel::{self, Parallelism, Tuning};
+use crate::pretokenize;
 
 struct Inner {
     hf: tokenizers::Tokenizer,
@@ -23,6 +24,9 @@ struct Inner {
     /// The first characters of the added-vocabulary spellings: text that contains none of them
     /// cannot contain an added token.
     added_first: Vec<char>,
+    /// Byte -> byte-level character, when the pre-tokenizer is DeepSeek's and plain text takes
+    /// the hand-written path ([`crate::pretokenize`]); `None` for any other tokenizer.
+    fast_bytes: Option<[char; 256]>,
 }
 
 /// A token count computing on another thread ([`Tokenizer::count_tokens_in_background`]).
@@ -105,6 +109,10 @@ impl Tokenizer {
         let mut added_first: Vec<char> = added.keys().filter_map(|s| s.chars().next()).collect();
         added_first.sort_unstable();
         added_first.dedup();
+        let fast = pretokenize::is_deepseek(
+            serde_json::to_value(hf.get_normalizer()).ok(),
+            serde_json::to_value(hf.get_pre_tokenizer()).ok(),
+        );
         Tokenizer {
             inner: Arc::new(Inner {
                 hf,
@@ -112,6 +120,7 @@ impl Tokenizer {
                 bytes,
                 is_added,
                 added_first,
+                fast_bytes: fast.then(bytelevel::byte_to_char),
             }),
             parallelism: Parallelism::Auto,
         }
@@ -181,6 +190,23 @@ impl Tokenizer {
         }
         let hf = &self.inner.hf;
         let err = |e: tokenizers::Error| TokenizerError::Encode(e.to_string());
+        if let Some(table) = &self.inner.fast_bytes {
+            let model = hf.get_model();
+            let mut mapped = String::new();
+            let mut failure = None;
+            pretokenize::for_each_piece(text, |piece| {
+                if failure.is_some() {
+                    return;
+                }
+                mapped.clear();
+                mapped.extend(piece.bytes().map(|b| table[b as usize]));
+                match model.tokenize(&mapped) {
+                    Ok(tokens) => out.extend(tokens.iter().map(|t| t.id)),
+                    Err(e) => failure = Some(e),
+                }
+            });
+            return failure.map_or(Ok(()), |e| Err(err(e)));
+        }
         let mut normalized = NormalizedString::from(text);
         if let Some(n) = hf.get_normalizer() {
             n.normalize(&mut normalized).map_err(err)?;

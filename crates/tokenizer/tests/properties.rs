@@ -72,6 +72,105 @@ fn text_strategy() -> impl Strategy<Value = String> {
     proptest::collection::vec(fragment, 0..40).prop_map(|v| v.concat())
 }
 
+/// Characters at the edges of the pre-tokenizer's classes: every kind of whitespace and line
+/// break, marks, letters of several scripts, ASCII and Unicode punctuation and symbols, numbers
+/// of several scripts, ideographs at the ends of the CJK ranges, controls.
+const EDGE_CHARS: &[char] = &[
+    ' ',
+    '\t',
+    '\n',
+    '\r',
+    '\u{b}',
+    '\u{c}',
+    '\u{85}',
+    '\u{a0}',
+    '\u{1680}',
+    '\u{2000}',
+    '\u{2028}',
+    '\u{2029}',
+    '\u{202f}',
+    '\u{3000}',
+    '\u{180e}',
+    '\u{200b}',
+    '\u{feff}',
+    'a',
+    'Z',
+    'é',
+    'ß',
+    'ж',
+    'ا',
+    'ה',
+    'ก',
+    '\u{301}',
+    '\u{308}',
+    '\u{93f}',
+    '\u{e31}',
+    '!',
+    '"',
+    '#',
+    '-',
+    '.',
+    '/',
+    ':',
+    '@',
+    '[',
+    '\\',
+    ']',
+    '_',
+    '`',
+    '{',
+    '~',
+    '+',
+    '<',
+    '=',
+    '$',
+    '^',
+    '|',
+    '¡',
+    '§',
+    '«',
+    '€',
+    '©',
+    '°',
+    '×',
+    '→',
+    '。',
+    '「',
+    '・',
+    '0',
+    '9',
+    '٣',
+    '५',
+    'Ⅻ',
+    '½',
+    '²',
+    '①',
+    '〇',
+    '一',
+    '龥',
+    '龦',
+    '\u{3040}',
+    'ぁ',
+    'ゟ',
+    '゠',
+    'ヿ',
+    'ㇰ',
+    '가',
+    '😀',
+    '\u{200d}',
+    '\u{fe0f}',
+    '\u{0}',
+    '\u{7f}',
+    '\u{1b}',
+    '\u{e000}',
+    '\u{10ffff}',
+];
+
+fn edge_text() -> impl Strategy<Value = String> {
+    let c = prop_oneof![8 => proptest::sample::select(EDGE_CHARS), 1 => any::<char>()];
+    proptest::collection::vec(c, 0..48).prop_map(|v| v.into_iter().collect())
+}
+
 fn fine() -> Tuning {
     Tuning {
         parallel_min_bytes: 0,
@@ -113,6 +212,13 @@ proptest! {
             .encode_prompt_tuned(&prompt, &ranges, fine())
             .unwrap();
         prop_assert_eq!(&parallel, &expected);
+    }
+
+    /// The hand-written DeepSeek pre-tokenizer against the regexes run by Oniguruma.
+    #[test]
+    fn plain_encoding_equals_reference_on_class_edges(text in edge_text()) {
+        let expected = if text.is_empty() { vec![] } else { reference().encode(text.as_str(), false).unwrap().get_ids().to_vec() };
+        prop_assert_eq!(tok().encode_plain(&text).unwrap(), expected);
     }
 
     #[test]
