@@ -2,7 +2,7 @@
 
 mod common;
 
-use deepring_tokenizer::{Parallelism, Tuning};
+use deepring_tokenizer::{Parallelism, Tokenizer, Tuning};
 
 #[test]
 fn recorded_prompts_encode_to_recorded_ids() {
@@ -122,4 +122,29 @@ fn counting_the_parts_at_safe_cuts_counts_the_whole() {
     let parts: usize =
         pending.into_iter().map(|p| p.wait()).sum::<usize>() + tok.count_tokens(rest).unwrap();
     assert_eq!(parts, whole);
+}
+
+/// A tokenizer whose pre-tokenizer is not exactly DeepSeek's takes the `tokenizers` path: with
+/// digit groups of two instead of three, "12345" splits as 12|34|5, which the hand-written
+/// DeepSeek pre-tokenizer would get wrong.
+#[test]
+fn other_pre_tokenizers_are_not_taken_for_deepseek() {
+    let text = std::fs::read_to_string(common::tokenizer_path()).expect("fixture readable");
+    let mut json: serde_json::Value = serde_json::from_str(&text).expect("fixture is JSON");
+    json["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"] = "\\p{N}{1,2}".into();
+    let ours = Tokenizer::from_json(&json.to_string()).expect("loads");
+    json["added_tokens"] = serde_json::Value::Array(vec![]);
+    let reference: tokenizers::Tokenizer = json.to_string().parse().expect("reference loads");
+    for sample in ["12345", "a 1234567 b", "x = 98765;\n"] {
+        let want = reference.encode(sample, false).expect("encodes");
+        assert_eq!(
+            ours.encode_plain(sample).expect("encodes"),
+            want.get_ids(),
+            "{sample:?}"
+        );
+        assert_ne!(
+            common::tokenizer().encode_plain(sample).expect("encodes"),
+            want.get_ids()
+        );
+    }
 }
