@@ -155,11 +155,13 @@ def test_sinkhorn_paths_agree_and_are_doubly_stochastic(rows):
     torch.testing.assert_close(out, slow, atol=1e-6, rtol=1e-6)
 
 
-def test_greedy_tiles_equal_argmax_of_logits(monkeypatch):
+@pytest.mark.parametrize("full_rows", [0, 16], ids=["tiles", "one-gemm"])
+def test_greedy_tokens_equal_argmax_of_logits(monkeypatch, full_rows):
     from deepring.model import model as model_mod
     from v4_helpers import model_config, ours
 
     monkeypatch.setattr(model_mod, "_GREEDY_TILE", 100)  # several tiles over a 512 vocabulary
+    monkeypatch.setattr(model_mod, "_GREEDY_FULL_ROWS", full_rows)
     m = ours(model_config("hca-bootstrap"), seed=6)
     h = torch.randn(
         7, m.config.hc_mult, m.config.hidden_size, generator=torch.Generator().manual_seed(0)

@@ -43,7 +43,7 @@ def indexer_scores_torch(
         rows = torch.tensor([layout.offsets[i] for i in single], device=dev)
         blk = layout.block_tables[single][:, e // epb]
         keys = index_cache[blk, e % epb].float()  # [B, N, DI]
-        s = torch.relu(torch.einsum("bhd,bnd->bhn", qf[rows], keys)) * scale
+        s = torch.relu(torch.bmm(qf[rows], keys.transpose(1, 2))) * scale
         scores[rows] = (s * wf[rows, :, None]).sum(1)
     for s_i, (a, n_rows, p0) in enumerate(
         zip(layout.offsets, layout.lens, layout.starts, strict=True)
@@ -52,7 +52,7 @@ def indexer_scores_torch(
         if n == 0 or n_rows == 1:
             continue
         keys = index_cache[layout.block_tables[s_i, e[:n] // epb], e[:n] % epb].float()
-        s = torch.relu(torch.einsum("lhd,nd->lhn", qf[a : a + n_rows], keys)) * scale
+        s = torch.relu(torch.matmul(qf[a : a + n_rows], keys.t())) * scale
         scores[a : a + n_rows, :n] = (s * wf[a : a + n_rows, :, None]).sum(1)
     causal = (layout.positions + 1) // ratio
     return scores.masked_fill(e[None] >= causal[:, None], float("-inf"))

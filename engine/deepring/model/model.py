@@ -45,6 +45,8 @@ class StepOutput:
 
 # Vocabulary tile of the greedy path: a tile's logits stay in cache while its max is taken.
 _GREEDY_TILE = 16384
+# Up to this many rows the whole logits matrix is small and one GEMM is faster than tiles.
+_GREEDY_FULL_ROWS = 16
 
 
 class DeepseekV4(nn.Module):
@@ -79,6 +81,9 @@ class DeepseekV4(nn.Module):
         the LM head runs tile by tile over the vocabulary with a running maximum."""
         y = self.model.norm(self.model.hc_head(h))
         w = self.lm_head.weight
+        if y.shape[0] <= _GREEDY_FULL_ROWS:
+            # Few rows: one mat-vec over the whole vocabulary beats tiles (measured on CPU).
+            return torch.nn.functional.linear(y, w).float().argmax(-1)
         best_v = torch.full((y.shape[0],), float("-inf"), device=y.device)
         best_i = torch.zeros(y.shape[0], dtype=torch.long, device=y.device)
         for start in range(0, w.shape[0], _GREEDY_TILE):
