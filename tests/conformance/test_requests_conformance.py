@@ -271,3 +271,41 @@ def test_huge_body(protocol, name):
     elapsed = time.perf_counter() - start
     assert S.canonical_json(actual) == S.canonical_json(expected)
     assert elapsed < 20, f"{elapsed:.1f}s for a {name} body"
+
+
+# ---------------------------------------------------------------------------------------------
+# image payloads
+
+PAYLOADS = [
+    "", "QUJD", "QUJD=", "QUJD==", "QUJD====", "QQ", "QQ=", "QQ==", "QQ===", "QUI", "QUI=",
+    "QUI==", "=", "====", "Q", "Q===", "QUJ=", "QQ=a", "=QUJD", "Q Q==", " QQ== ", "QQ==\n",
+    "-_8=", "aGk", "aGk=", "aGk==", "QUJ", "ab", "ab==", "a===", "QUJDQQ", "QUJDQQ=",
+]  # fmt: skip
+
+
+def image_body(protocol: str, payload: str) -> dict:
+    url = "data:image/png;base64," + payload
+    if protocol == "chat":
+        part = {"type": "image_url", "image_url": {"url": url}}
+        return {"model": "DeepSeek-V4.1-Flash", "messages": [{"role": "user", "content": [part]}]}
+    if protocol == "responses":
+        part = {"type": "input_image", "image_url": url}
+        return {"model": "DeepSeek-V4.1-Flash", "input": [{"role": "user", "content": [part]}]}
+    source = {"type": "base64", "media_type": "image/png", "data": payload}
+    return {
+        "model": "DeepSeek-V4.1-Flash",
+        "max_tokens": 10,
+        "messages": [{"role": "user", "content": [{"type": "image", "source": source}]}],
+    }
+
+
+@pytest.mark.parametrize("protocol", S.PROTOCOLS)
+def test_image_payload_padding(protocol, tokenizers):
+    """Base64 payloads with missing, short, long and misplaced padding: data URLs accept none
+    or canonical padding; Messages sources accept any padding and are rewritten canonically.
+    (A Messages case found by the property test above.)"""
+    for payload in PAYLOADS:
+        case = {"protocol": protocol, "body": image_body(protocol, payload), "options": {}}
+        expected = S.request_summary(official, case, tokenizers["official"])
+        actual = S.request_summary(ours, case, tokenizers["ours"])
+        assert_same(actual, expected, case)

@@ -1,6 +1,8 @@
 //! Special tokens and their spellings. The spellings can be overridden (`SpecialTokens`), and
 //! both the renderer and the stream parser follow the override.
 
+use std::borrow::Cow;
+
 /// A kind of special token.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum SpecialToken {
@@ -75,16 +77,17 @@ impl SpecialToken {
     }
 }
 
-/// The spelling of every special token.
+/// The spelling of every special token. Default spellings are borrowed, so copying the mapping
+/// into each converted request's parsing options allocates only for overridden tokens.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SpecialTokens {
-    spellings: [String; 18],
+    spellings: [Cow<'static, str>; 18],
 }
 
 impl Default for SpecialTokens {
     fn default() -> Self {
         SpecialTokens {
-            spellings: SpecialToken::ALL.map(|t| t.default_str().to_string()),
+            spellings: SpecialToken::ALL.map(|t| Cow::Borrowed(t.default_str())),
         }
     }
 }
@@ -96,7 +99,7 @@ impl SpecialTokens {
 
     /// The same mapping with `token` spelled `spelling`.
     pub fn with(mut self, token: SpecialToken, spelling: impl Into<String>) -> Self {
-        self.spellings[token.index()] = spelling.into();
+        self.spellings[token.index()] = Cow::Owned(spelling.into());
         self
     }
 }

@@ -41,7 +41,8 @@ pub struct ChatCompletionRequest {
     pub reasoning_effort: Option<ChatReasoningEffort>,
     pub thinking: Option<ChatCompletionThinking>,
     pub parallel_tool_calls: Option<bool>,
-    /// Read from the raw body (not a serde field): deepseek-recipe ignores it, we honour it
+    /// Read from the raw body (not a serde field, which would also change the field count that
+    /// serde's messages for array bodies report): deepseek-recipe ignores it, we honour it
     /// (recipe/DEVIATIONS.md).
     #[serde(skip)]
     pub max_completion_tokens: Option<u32>,

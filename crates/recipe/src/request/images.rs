@@ -12,6 +12,21 @@ const BASE64: GeneralPurpose = GeneralPurpose::new(
     GeneralPurposeConfig::new().with_decode_padding_mode(DecodePaddingMode::Indifferent),
 );
 
+/// Data URL payloads: unused low bits of the last character are tolerated (`QUJ=`), as the
+/// official does there (not in Messages sources).
+const DATA_URL_PADDED: GeneralPurpose = GeneralPurpose::new(
+    &base64::alphabet::STANDARD,
+    GeneralPurposeConfig::new()
+        .with_decode_allow_trailing_bits(true)
+        .with_decode_padding_mode(DecodePaddingMode::RequireCanonical),
+);
+const DATA_URL_UNPADDED: GeneralPurpose = GeneralPurpose::new(
+    &base64::alphabet::STANDARD,
+    GeneralPurposeConfig::new()
+        .with_decode_allow_trailing_bits(true)
+        .with_decode_padding_mode(DecodePaddingMode::RequireNone),
+);
+
 const IMAGE_TYPES: &[&str] = &["png", "jpeg", "jpg", "gif", "webp"];
 
 /// Why a data URL was refused.
@@ -46,22 +61,34 @@ pub(crate) fn check_data_url(url: &str) -> Result<(), DataUrlError> {
         .bytes()
         .filter(|b| !b.is_ascii_whitespace())
         .collect();
-    BASE64
+    // Padding is either absent or exactly canonical (`QQ` and `QQ==`, not `QQ=`).
+    let engine = if compact.ends_with(b"=") {
+        &DATA_URL_PADDED
+    } else {
+        &DATA_URL_UNPADDED
+    };
+    engine
         .decode(compact)
         .map(|_| ())
         .map_err(|_| DataUrlError::BadBase64)
 }
 
-/// Check a bare base64 payload (Messages image sources) as deepseek-recipe does: padding may be
-/// over-long (`aGk==`) but not missing (`aGk`), and only at the end.
-pub(crate) fn check_bare_base64(data: &str) -> bool {
+/// A bare base64 payload (Messages image sources) as deepseek-recipe takes it: padding may be
+/// over-long (`aGk==`) or short (`QQ=`) but not missing (`aGk`), and only at the end. The
+/// payload is decoded and written back in canonical form (standard padding), which is what the
+/// data URL then carries; `None` when it does not decode.
+pub(crate) fn canonical_bare_base64(data: &str) -> Option<String> {
     let body = data.trim_end_matches('=');
     let padded = body.len() < data.len();
     let rem = body.len() % 4;
     if rem == 1 || (rem != 0 && !padded) {
-        return false;
+        return None;
     }
-    BASE64.decode(body).is_ok()
+    let bytes = BASE64.decode(body).ok()?;
+    if rem == 0 && !padded {
+        return Some(data.to_string()); // already canonical
+    }
+    Some(base64::engine::general_purpose::STANDARD.encode(bytes))
 }
 
 /// An `http://` or `https://` URL.
@@ -100,9 +127,42 @@ mod tests {
     use super::*;
 
     #[test]
+    fn bare_base64_is_rewritten_canonically() {
+        // What deepseek-recipe 0.2.0 puts in the data URL for each payload (None: an error).
+        let cases = [
+            ("QUJD", Some("QUJD")),
+            ("QUJD====", Some("QUJD")),
+            ("QUJD=", Some("QUJD")),
+            ("QQ=", Some("QQ==")),
+            ("QQ===", Some("QQ==")),
+            ("QUI==", Some("QUI=")),
+            ("====", Some("")),
+            ("=", Some("")),
+            ("QQ", None),
+            ("Q===", None),
+            ("QUJ=", None),
+            ("QQ=a", None),
+            ("QQ==\n", None),
+        ];
+        for (data, want) in cases {
+            assert_eq!(canonical_bare_base64(data).as_deref(), want, "{data:?}");
+        }
+    }
+
+    #[test]
     fn data_urls_are_checked_like_the_official() {
         assert_eq!(check_data_url("data:image/png;base64,aGk="), Ok(()));
         assert_eq!(check_data_url("data:image/png;base64,aGk"), Ok(()));
+        assert_eq!(check_data_url("data:image/png;base64,QQ"), Ok(()));
+        assert_eq!(check_data_url("data:image/png;base64,QQ=="), Ok(()));
+        assert_eq!(
+            check_data_url("data:image/png;base64,QQ="),
+            Err(DataUrlError::BadBase64)
+        );
+        assert_eq!(
+            check_data_url("data:image/png;base64,QUJD=="),
+            Err(DataUrlError::BadBase64)
+        );
         assert_eq!(check_data_url("data:Image/JPG;x;base64, aG k="), Ok(()));
         assert_eq!(check_data_url("data:image/png,base64,aGk="), Ok(()));
         assert_eq!(

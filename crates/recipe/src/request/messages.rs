@@ -180,6 +180,9 @@ pub enum MessagesContentBlock {
     },
     Thinking {
         thinking: String,
+        /// Checked to be a string (as the official does) and not used.
+        #[allow(dead_code)]
+        signature: Option<String>,
     },
     ServerToolUse {
         #[allow(dead_code)]
@@ -196,7 +199,7 @@ pub enum MessagesContentBlock {
     },
     ToolResult {
         tool_use_id: String,
-        content: Option<TextOrList<MessagesToolResultBlock>>,
+        content: Option<TextOrList<ToolResultBlock>>,
         /// Accepted and not used.
         #[allow(dead_code)]
         is_error: Option<bool>,
@@ -210,6 +213,21 @@ pub enum MessagesContentBlock {
     ToolAddition {
         tool: MessagesToolReference,
     },
+}
+
+/// A block of a tool result's content, read through a JSON value as the official reads it: there
+/// an integer `type` is refused ("expected variant identifier"), where serde's buffered
+/// tagged-enum path would take it as a variant index.
+#[derive(Debug, Clone)]
+pub struct ToolResultBlock(pub MessagesToolResultBlock);
+
+impl<'de> Deserialize<'de> for ToolResultBlock {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        let value = Value::deserialize(d)?;
+        MessagesToolResultBlock::deserialize(value)
+            .map(ToolResultBlock)
+            .map_err(D::Error::custom)
+    }
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -692,7 +710,7 @@ impl Walk<'_> {
                     }
                     texts.push(text.clone());
                 }
-                MessagesContentBlock::Thinking { thinking } => {
+                MessagesContentBlock::Thinking { thinking, .. } => {
                     if !calls.is_empty() {
                         return Err(after_calls());
                     }
@@ -810,7 +828,7 @@ impl Walk<'_> {
         i: usize,
         j: usize,
         id: &str,
-        content: Option<&TextOrList<MessagesToolResultBlock>>,
+        content: Option<&TextOrList<ToolResultBlock>>,
     ) -> Result<(Message, Vec<String>)> {
         let mut references = Vec::new();
         let mut text = common::BlockText::default();
@@ -820,7 +838,7 @@ impl Walk<'_> {
             Some(TextOrList::Text(s)) => text.push_text(s),
             Some(TextOrList::List(blocks)) => {
                 for (k, block) in blocks.iter().enumerate() {
-                    match block {
+                    match &block.0 {
                         MessagesToolResultBlock::Text { text: t } => text.push_text(t),
                         MessagesToolResultBlock::Image { source } => {
                             let path = format!("messages.{i}.content.{j}.tool_result");
@@ -864,9 +882,9 @@ impl Walk<'_> {
         }
         let data = match source {
             MessagesImageSource::Base64 { media_type, data } => {
-                if !images::check_bare_base64(data) {
+                let Some(data) = images::canonical_bare_base64(data) else {
                     return Err(bad(format!("{at}: base64 decode error")));
-                }
+                };
                 ImageData::DataUrl(format!("data:{};base64,{data}", media_type.as_str()))
             }
             MessagesImageSource::Url { url } => {
