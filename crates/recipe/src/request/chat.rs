@@ -57,12 +57,19 @@ pub struct ChatCompletionRequest {
 pub enum ChatCompletionRequestMessage {
     System {
         content: Content,
+        /// Type-checked (a string) as the official does, and not used.
+        #[allow(dead_code)]
+        name: Option<String>,
     },
     User {
         content: Content,
+        #[allow(dead_code)]
+        name: Option<String>,
     },
     Assistant {
         content: Option<Content>,
+        #[allow(dead_code)]
+        name: Option<String>,
         reasoning_content: Option<String>,
         tool_calls: Option<Vec<ChatCompletionRequestToolCall>>,
         prefix: Option<bool>,
@@ -194,16 +201,20 @@ pub struct ChatCompletionStreamOptions {
 )]
 pub enum ChatCompletionResponseFormat {
     JsonObject,
-    JsonSchema { json_schema: JsonSchemaSpec },
-    Regex { regex: String },
+    JsonSchema {
+        json_schema: ChatCompletionResponseFormatJsonSchema,
+    },
+    Regex {
+        regex: String,
+    },
     Text,
 }
 
 #[derive(Debug, Clone, Deserialize)]
-#[serde(rename = "ChatCompletionJsonSchema")]
-pub struct JsonSchemaSpec {
+// Named as the official names it: serde's "expected struct ..." messages use the Rust name.
+// No `description`: the official does not read it (any value passes).
+pub struct ChatCompletionResponseFormatJsonSchema {
     pub name: Option<String>,
-    pub description: Option<String>,
     pub schema: Value,
     pub strict: Option<bool>,
 }
@@ -277,9 +288,9 @@ pub enum ChatToolChoice {
     Function(String),
 }
 
+/// Named as the official names it: serde's "expected struct ..." messages use the Rust name.
 #[derive(Deserialize)]
-#[serde(rename = "ChatCompletionToolChoiceFunction")]
-struct ChoiceFunction {
+struct ChatCompletionToolChoiceFunction {
     name: String,
 }
 
@@ -294,11 +305,13 @@ impl<'de> Deserialize<'de> for ChatToolChoice {
                 _ => Err(D::Error::custom(EXPECTED)),
             },
             Value::Object(mut map) => {
-                let kind = map.remove("type").unwrap_or(Value::Null);
+                let Some(kind) = map.remove("type") else {
+                    return Err(D::Error::custom(EXPECTED));
+                };
                 serde_json::from_value::<FunctionType>(kind)
                     .map_err(|e| D::Error::custom(format!("field `type`: {e}")))?;
                 let function = map.remove("function").unwrap_or(Value::Null);
-                let f: ChoiceFunction = serde_json::from_value(function)
+                let f: ChatCompletionToolChoiceFunction = serde_json::from_value(function)
                     .map_err(|e| D::Error::custom(format!("field `function`: {e}")))?;
                 Ok(ChatToolChoice::Function(f.name))
             }
@@ -612,7 +625,7 @@ fn convert_messages(
         }
         let mut builder = ContentBuilder::new(image_token, vision, i);
         let message = match m {
-            ChatCompletionRequestMessage::System { content } => {
+            ChatCompletionRequestMessage::System { content, .. } => {
                 builder.add(content)?;
                 // An empty system message is dropped.
                 if builder.text.is_empty() {
@@ -620,7 +633,7 @@ fn convert_messages(
                 }
                 builder.into_message(Role::System)
             }
-            ChatCompletionRequestMessage::User { content } => {
+            ChatCompletionRequestMessage::User { content, .. } => {
                 builder.add(content)?;
                 builder.into_message(Role::User)
             }
@@ -658,6 +671,7 @@ fn convert_messages(
                 reasoning_content,
                 tool_calls,
                 prefix,
+                ..
             } => {
                 let prefix = prefix.unwrap_or(false);
                 misplaced_prefix |= prefix && i + 1 != count;

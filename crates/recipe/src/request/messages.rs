@@ -356,9 +356,12 @@ impl<'de> Deserialize<'de> for MessagesTool {
             return Err(D::Error::missing_field("name"));
         };
         if let Some(kind) = map.get("type") {
-            return String::deserialize(kind)
-                .map(MessagesTool::Server)
-                .map_err(D::Error::custom);
+            let kind = String::deserialize(kind).map_err(D::Error::custom)?;
+            // A server tool's `name`, when given, must be a string (the official reads it).
+            if let Some(name) = map.get("name") {
+                Option::<String>::deserialize(name).map_err(D::Error::custom)?;
+            }
+            return Ok(MessagesTool::Server(kind));
         }
         let mut name = None;
         let mut tool = ClientTool {

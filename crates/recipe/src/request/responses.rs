@@ -62,8 +62,27 @@ pub struct ResponsesRequest {
 #[serde(rename = "ResponsesReasoningConfig")]
 pub struct ResponsesReasoningConfig {
     pub effort: Option<ResponsesEffort>,
-    pub summary: Option<Value>,
-    pub generate_summary: Option<Value>,
+    pub summary: Option<ReasoningSummary>,
+    /// Checked like `summary` (as the official does) and not used.
+    pub generate_summary: Option<ReasoningSummary>,
+}
+
+#[derive(Debug, Clone, Copy, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ReasoningSummary {
+    Auto,
+    Concise,
+    Detailed,
+}
+
+impl ReasoningSummary {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ReasoningSummary::Auto => "auto",
+            ReasoningSummary::Concise => "concise",
+            ReasoningSummary::Detailed => "detailed",
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, Deserialize)]
@@ -109,7 +128,9 @@ impl ResponsesEffort {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(rename = "ResponsesTextConfig")]
 pub struct ResponsesTextConfig {
-    pub format: Option<ResponsesTextFormat>,
+    /// Absent means text; `null` is refused (as the official does).
+    #[serde(default)]
+    pub format: ResponsesTextFormat,
     pub verbosity: Option<Verbosity>,
 }
 
@@ -131,13 +152,14 @@ impl Verbosity {
     }
 }
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize)]
 #[serde(
     rename = "ResponsesTextFormat",
     tag = "type",
     rename_all = "snake_case"
 )]
 pub enum ResponsesTextFormat {
+    #[default]
     Text,
     JsonSchema {
         name: String,
@@ -152,9 +174,9 @@ pub enum ResponsesTextFormat {
 #[serde(rename = "ResponsesTool", tag = "type", rename_all = "snake_case")]
 pub enum ResponsesTool {
     Function(ResponsesFunctionTool),
+    /// The official reads no `description` here (any value passes).
     Custom {
         name: String,
-        description: Option<String>,
         format: Option<Value>,
     },
     Namespace {
@@ -162,18 +184,18 @@ pub enum ResponsesTool {
         description: Option<String>,
         tools: Vec<ResponsesNamespaceTool>,
     },
-    WebSearch(WebSearchTool),
+    WebSearch(ResponsesWebSearchTool),
     #[serde(rename = "web_search_2025_08_26")]
-    WebSearch20250826(WebSearchTool),
+    WebSearch20250826(ResponsesWebSearchTool),
     #[serde(other)]
     Other,
 }
 
 #[derive(Debug, Clone, Deserialize)]
 #[serde(rename = "ResponsesWebSearchTool")]
-pub struct WebSearchTool {
+pub struct ResponsesWebSearchTool {
     pub search_context_size: Option<SearchContextSize>,
-    pub user_location: Option<UserLocation>,
+    pub user_location: Option<ResponsesUserLocation>,
 }
 
 #[derive(Debug, Clone, Copy, Deserialize)]
@@ -196,7 +218,7 @@ impl SearchContextSize {
 
 #[derive(Debug, Clone, Deserialize)]
 #[serde(rename = "ResponsesUserLocation")]
-pub struct UserLocation {
+pub struct ResponsesUserLocation {
     pub city: Option<String>,
     pub country: Option<String>,
     pub region: Option<String>,
@@ -210,7 +232,8 @@ pub struct ResponsesFunctionTool {
     pub description: Option<String>,
     pub parameters: Option<Value>,
     pub strict: Option<bool>,
-    pub defer_loading: Option<bool>,
+    // No `defer_loading`: Responses ignores it, and the official does not read it (any value
+    // passes).
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -274,19 +297,19 @@ pub enum ResponsesInput {
 
 #[derive(Debug, Clone)]
 pub enum InputItem {
-    Message(MessageItem),
-    FunctionCall(FunctionCallItem),
-    FunctionCallOutput(FunctionCallOutputItem),
-    Reasoning(ReasoningItem),
-    CustomToolCall(CustomToolCallItem),
-    CustomToolCallOutput(CustomToolCallOutputItem),
+    Message(ResponsesMessageItem),
+    FunctionCall(ResponsesFunctionCallItem),
+    FunctionCallOutput(ResponsesFunctionCallOutputItem),
+    Reasoning(ResponsesReasoningItem),
+    CustomToolCall(ResponsesCustomToolCallItem),
+    CustomToolCallOutput(ResponsesCustomToolCallOutputItem),
     /// Item kinds that are accepted and dropped (item_reference, apply_patch_call, ...).
     Ignored,
 }
 
 #[derive(Debug, Clone, Deserialize)]
 #[serde(rename = "ResponsesMessageItem")]
-pub struct MessageItem {
+pub struct ResponsesMessageItem {
     pub role: ItemRole,
     pub content: ItemContent,
 }
@@ -353,7 +376,7 @@ pub enum ResponsesToolCallOutputItem {
 
 #[derive(Debug, Clone, Deserialize)]
 #[serde(rename = "ResponsesFunctionCallItem")]
-pub struct FunctionCallItem {
+pub struct ResponsesFunctionCallItem {
     pub call_id: String,
     pub name: String,
     pub arguments: String,
@@ -382,15 +405,18 @@ impl<'de> Deserialize<'de> for ToolOutput {
 
 #[derive(Debug, Clone, Deserialize)]
 #[serde(rename = "ResponsesFunctionCallOutputItem")]
-pub struct FunctionCallOutputItem {
+pub struct ResponsesFunctionCallOutputItem {
     pub call_id: Option<String>,
     pub output: ToolOutput,
 }
 
 #[derive(Debug, Clone, Deserialize)]
 #[serde(rename = "ResponsesReasoningItem")]
-pub struct ReasoningItem {
+pub struct ResponsesReasoningItem {
     pub content: Option<Vec<ResponsesReasoningContent>>,
+    /// Type-checked (a string) as the official does, and not used.
+    #[allow(dead_code)]
+    encrypted_content: Option<String>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -401,7 +427,7 @@ pub struct ResponsesReasoningContent {
 
 #[derive(Debug, Clone, Deserialize)]
 #[serde(rename = "ResponsesCustomToolCallItem")]
-pub struct CustomToolCallItem {
+pub struct ResponsesCustomToolCallItem {
     pub call_id: String,
     pub name: String,
     pub input: String,
@@ -409,9 +435,11 @@ pub struct CustomToolCallItem {
 
 #[derive(Debug, Clone, Deserialize)]
 #[serde(rename = "ResponsesCustomToolCallOutputItem")]
-pub struct CustomToolCallOutputItem {
-    pub call_id: Option<String>,
-    pub output: ToolOutput,
+pub struct ResponsesCustomToolCallOutputItem {
+    /// Required here (unlike a function call output's), as the official reads it.
+    pub call_id: String,
+    /// Absent or `null`: an empty output.
+    pub output: Option<ToolOutput>,
 }
 
 fn item_from_value(v: Value) -> std::result::Result<InputItem, String> {
@@ -659,7 +687,7 @@ impl ResponsesRequest {
         let mut tools = common::finalize_tools(tool_specs, &choice)?;
         let tool_choice = common::resolve_tool_choice(choice, &mut tools, thinking)?;
 
-        let format_spec = match self.text.as_ref().and_then(|t| t.format.clone()) {
+        let format_spec = match self.text.as_ref().map(|t| t.format.clone()) {
             None | Some(ResponsesTextFormat::Text) => FormatSpec::Text,
             Some(ResponsesTextFormat::JsonObject) => FormatSpec::JsonObject,
             Some(ResponsesTextFormat::JsonSchema { schema, strict, .. }) => {
@@ -904,7 +932,10 @@ impl InputState<'_> {
                 Ok(())
             }
             InputItem::FunctionCallOutput(o) => self.output(i, o.call_id.as_deref(), &o.output),
-            InputItem::CustomToolCallOutput(o) => self.output(i, o.call_id.as_deref(), &o.output),
+            InputItem::CustomToolCallOutput(o) => {
+                let empty = ToolOutput::Text(String::new());
+                self.output(i, Some(&o.call_id), o.output.as_ref().unwrap_or(&empty))
+            }
         }
     }
 

@@ -7,9 +7,9 @@
 use serde_json::{json, Value};
 
 use super::responses::{
-    ResponsesEffort, ResponsesFunctionTool, ResponsesNamespaceTool, ResponsesRequest,
-    ResponsesTextFormat, ResponsesTool, ResponsesToolChoice, ToolChoiceObject, Verbosity,
-    WebSearchTool,
+    ReasoningSummary, ResponsesEffort, ResponsesFunctionTool, ResponsesNamespaceTool,
+    ResponsesRequest, ResponsesTextFormat, ResponsesTool, ResponsesToolChoice,
+    ResponsesWebSearchTool, ToolChoiceObject, Verbosity,
 };
 use crate::response::ResponsesEcho;
 
@@ -27,10 +27,10 @@ impl ResponsesRequest {
             user: self.user.clone(),
             reasoning: json!({
                 "effort": reasoning.and_then(|r| r.effort).map(ResponsesEffort::as_str),
-                "summary": reasoning.and_then(|r| r.summary.clone()),
+                "summary": reasoning.and_then(|r| r.summary).map(ReasoningSummary::as_str),
             }),
             text: json!({
-                "format": text.and_then(|t| t.format.as_ref()).map_or_else(|| json!({"type": "text"}), text_format),
+                "format": text.map_or_else(|| json!({"type": "text"}), |t| text_format(&t.format)),
                 "verbosity": text.and_then(|t| t.verbosity).map(Verbosity::as_str),
             }),
             tool_choice: self
@@ -91,7 +91,7 @@ fn function(f: &ResponsesFunctionTool) -> Value {
     })
 }
 
-fn web_search(kind: &str, w: &WebSearchTool) -> Value {
+fn web_search(kind: &str, w: &ResponsesWebSearchTool) -> Value {
     let location = w.user_location.as_ref().map(|l| {
         json!({"city": l.city, "country": l.country, "region": l.region, "timezone": l.timezone})
     });
