@@ -587,7 +587,23 @@ def adjust_for_deviations(case: dict, ours: dict, official: dict) -> tuple[dict,
     if strict_defs_deviation(case):
         for summary in (ours, official):
             _apply_defs_adjustment(summary)
+    # R4: with several unanswered calls the official names a random one.
+    errors = [s.get("convert") for s in (ours, official)]
+    if all(isinstance(e, dict) and UNANSWERED.fullmatch(str(e.get("message"))) for e in errors):
+        for summary in (ours, official):
+            summary["convert"] = _mask_unanswered(summary["convert"])
     return ours, official
+
+
+UNANSWERED = re.compile(r"No tool output found for tool call .*\.", re.S)
+
+
+def _mask_unanswered(value: Any) -> Any:
+    if isinstance(value, str):
+        return UNANSWERED.sub("No tool output found for tool call <id>.", value)
+    if isinstance(value, dict):
+        return {k: _mask_unanswered(v) for k, v in value.items()}
+    return value
 
 
 def check_deviation_expectations(case: dict, ours: dict) -> None:

@@ -309,3 +309,71 @@ def test_image_payload_padding(protocol, tokenizers):
         expected = S.request_summary(official, case, tokenizers["official"])
         actual = S.request_summary(ours, case, tokenizers["ours"])
         assert_same(actual, expected, case)
+
+
+# ---------------------------------------------------------------------------------------------
+# Responses item sequences
+
+
+def _call(call_id: str) -> dict:
+    return {"type": "function_call", "call_id": call_id, "name": "f", "arguments": "{}"}
+
+
+def _output(call_id: str | None, text: str = "r") -> dict:
+    return {"type": "function_call_output", "call_id": call_id, "output": text}
+
+
+def _assistant(text: str) -> dict:
+    return {"role": "assistant", "content": text}
+
+
+def _reasoning(text: str) -> dict:
+    return {
+        "type": "reasoning",
+        "summary": [],
+        "content": [{"type": "reasoning_text", "text": text}],
+    }
+
+
+USER = {"role": "user", "content": "q"}
+ITEM_SEQUENCES = {
+    "assistants in a row join": [USER, _assistant("A"), _assistant("X"), _assistant("Y")],
+    "empty assistants are dropped from the join": [USER, _assistant(""), _assistant("X")],
+    "an empty one after text": [USER, _assistant("A\n"), _assistant(""), _assistant("\nX")],
+    "reasoning starts a new turn": [USER, _assistant("A"), _reasoning("r"), _assistant("X")],
+    "reasoning then two": [USER, _reasoning("r"), _assistant("A"), _assistant("X")],
+    "join then calls": [USER, _assistant("A"), _assistant("X"), _call("a"), _output("a")],
+    "after tool output": [USER, _call("a"), _output("a"), _assistant("A"), _assistant("X")],
+    "parts then text": [
+        USER,
+        {"role": "assistant", "content": [{"type": "output_text", "text": "P"}] * 2},
+        _assistant("X"),
+    ],
+    "output without id closes the calls": [USER, _call("a"), _output(None), _output("a")],
+    "output without id after the answers": [USER, _call("a"), _output("a"), _output(None)],
+    "outputs without id, several calls": [
+        USER,
+        _call("a"),
+        _call("b"),
+        _output("a"),
+        _output(None),
+        _output("b"),
+    ],
+    "two calls, one answered": [USER, _call("a"), _call("b"), _output("b"), USER],
+}
+
+
+@pytest.mark.parametrize("name", list(ITEM_SEQUENCES))
+def test_responses_item_sequences(name, tokenizers):
+    """Input item orders the property test rarely draws: assistant messages in a row (one turn
+    for the official) and outputs without a call id (which end the calls before them)."""
+    body = {
+        "model": "DeepSeek-V4.1-Flash",
+        "input": ITEM_SEQUENCES[name],
+        "tools": [{"type": "function", "name": "f"}],
+    }
+    case = {"protocol": "responses", "body": body, "options": {}}
+    expected = S.request_summary(official, case, tokenizers["official"])
+    actual = S.request_summary(ours, case, tokenizers["ours"])
+    actual, expected = S.adjust_for_deviations(case, actual, expected)
+    assert_same(actual, expected, case)

@@ -10,6 +10,8 @@ R2. Strict normalisation keeps the `$defs` / `definitions` entries a kept `$ref`
     (transitively), normalised; the official drops them. Everything else, the prompt around the
     tool's schema line included, is the official's; a strict schema without references is
     byte-identical to the official.
+R4. With several unanswered Responses function calls, ours names the first in call order; the
+    official names a random one of them (a hash set), checked here to be one of them.
 """
 
 from __future__ import annotations
@@ -441,3 +443,34 @@ def test_strict_schema_without_refs_is_identical(kind, protocol, schema, tokeniz
     assert_same(mine, theirs, "ours vs official")
     for name, rendered in mine["rendered"].items():
         assert rendered["prompt"] == theirs["rendered"][name]["prompt"]
+
+
+# ---------------------------------------------------------------------------------------------
+# R4
+
+
+def unanswered_message(M: Any, calls: list[str], answered: list[str]) -> str:
+    items: list[dict] = [{"role": "user", "content": "q"}]
+    items += [
+        {"type": "function_call", "call_id": c, "name": "f", "arguments": "{}"} for c in calls
+    ]
+    items += [{"type": "function_call_output", "call_id": c, "output": "r"} for c in answered]
+    items.append({"role": "user", "content": "next"})
+    body = {"model": MODEL, "input": items, "tools": [{"type": "function", "name": "f"}]}
+    with pytest.raises(M.ConversionError) as err:
+        M.ResponsesRequest(body).convert(M.ConversionOptions())
+    return str(err.value)
+
+
+@pytest.mark.parametrize(
+    ("calls", "answered"),
+    [(["a", "b", "c"], []), (["c", "b", "a"], ["b"]), (["x1", "x2"], ["x2"]), (["z", "y"], [])],
+)
+def test_first_unanswered_call_is_named(calls, answered):
+    missing = [c for c in calls if c not in answered]
+    for _ in range(3):
+        assert unanswered_message(ours, calls, answered) == (
+            f"No tool output found for tool call {missing[0]}."
+        )
+    theirs = unanswered_message(official, calls, answered)
+    assert theirs in {f"No tool output found for tool call {c}." for c in missing}

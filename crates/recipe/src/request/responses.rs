@@ -904,6 +904,17 @@ impl InputState<'_> {
                         Message::with_placeholders(Role::System, content, images, spans)
                     }
                     ItemRole::Assistant => {
+                        // Consecutive assistant messages (no calls, no reasoning between) are
+                        // one turn: their texts join with a blank line, empty ones dropped.
+                        if let Some(last) = self.open_assistant() {
+                            if !content.is_empty() {
+                                if !last.content.is_empty() {
+                                    last.content.push_str("\n\n");
+                                }
+                                last.content.push_str(&content);
+                            }
+                            return Ok(());
+                        }
                         Message::assistant(content, self.reasoning.take(), None, false)
                     }
                 };
@@ -965,23 +976,40 @@ impl InputState<'_> {
         }
     }
 
+    /// The last message, when it is an assistant text turn a following assistant message joins.
+    fn open_assistant(&mut self) -> Option<&mut Message> {
+        if self.reasoning.is_some() {
+            return None;
+        }
+        self.out
+            .last_mut()
+            .filter(|m| m.role == Role::Assistant && m.tool_calls.is_none())
+    }
+
     fn pending_open(&self) -> bool {
         !self.pending.is_empty()
     }
 
     fn output(&mut self, i: usize, call_id: Option<&str>, output: &ToolOutput) -> Result<()> {
-        if let Some(id) = call_id {
-            if self.answered.iter().any(|a| a == id) {
-                return Err(bad(format!("Duplicate tool output for call_id: {id}.")));
-            }
-            let Some(pos) = self.pending.iter().position(|p| p == id) else {
-                return Err(bad(format!(
-                    "No tool call found for tool output with call_id {id}."
-                )));
-            };
-            self.pending.remove(pos);
-            self.answered.push(id.to_string());
+        let Some(id) = call_id else {
+            // An output that answers no call ends the calls before it, as a message does.
+            self.close_calls()?;
+            return self.push_output(i, None, output);
+        };
+        if self.answered.iter().any(|a| a == id) {
+            return Err(bad(format!("Duplicate tool output for call_id: {id}.")));
         }
+        let Some(pos) = self.pending.iter().position(|p| p == id) else {
+            return Err(bad(format!(
+                "No tool call found for tool output with call_id {id}."
+            )));
+        };
+        self.pending.remove(pos);
+        self.answered.push(id.to_string());
+        self.push_output(i, Some(id), output)
+    }
+
+    fn push_output(&mut self, i: usize, call_id: Option<&str>, output: &ToolOutput) -> Result<()> {
         let (text, images) = self.output_content(i, output)?;
         let (content, spans) = text.finish();
         let mut message = Message::with_placeholders(Role::Tool, content, images, spans);
@@ -992,6 +1020,8 @@ impl InputState<'_> {
 
     fn close_calls(&mut self) -> Result<()> {
         if let Some(id) = self.pending.first() {
+            // The first unanswered call in call order (the official names a random one:
+            // recipe/DEVIATIONS.md R4).
             return Err(bad(format!("No tool output found for tool call {id}.")));
         }
         self.answered.clear();
