@@ -377,3 +377,37 @@ def test_responses_item_sequences(name, tokenizers):
     actual = S.request_summary(ours, case, tokenizers["ours"])
     actual, expected = S.adjust_for_deviations(case, actual, expected)
     assert_same(actual, expected, case)
+
+
+# ---------------------------------------------------------------------------------------------
+# Chat prefix continuations against response formats and tools
+
+PREFIX_FORMATS = [
+    None,
+    {"type": "text"},
+    {"type": "json_object"},
+    {"type": "json_schema", "json_schema": {"name": "n", "schema": {"type": "object"}}},
+    {"type": "regex", "regex": "a+"},
+]
+
+
+@pytest.mark.parametrize("tools", [False, True])
+@pytest.mark.parametrize("fmt", PREFIX_FORMATS, ids=lambda f: f and f["type"])
+def test_chat_prefix_rules(fmt, tools, tokenizers):
+    """A prefix continuation refuses a json_object format (checked before tools)."""
+    body: dict = {
+        "model": "DeepSeek-V4.1-Flash",
+        "messages": [
+            {"role": "user", "content": "Answer in json."},
+            {"role": "assistant", "content": "{", "prefix": True},
+        ],
+        "temperature": 5,  # an error checked later, which must not win
+    }
+    if fmt is not None:
+        body["response_format"] = fmt
+    if tools:
+        body["tools"] = [{"type": "function", "function": {"name": "f"}}]
+    case = {"protocol": "chat", "body": body, "options": {}}
+    expected = S.request_summary(official, case, tokenizers["official"])
+    actual = S.request_summary(ours, case, tokenizers["ours"])
+    assert_same(actual, expected, case)

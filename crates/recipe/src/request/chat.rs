@@ -421,7 +421,7 @@ impl ChatCompletionRequest {
         let (format, format_constraint) = common::finalize_format(format_spec)?;
 
         let tool_choice = common::resolve_tool_choice(choice, &mut tools, thinking)?;
-        common::check_tool_rules(declared, &tools, &messages, has_response_format)?;
+        common::check_tool_rules(declared, &tools, &messages, &format, has_response_format)?;
 
         let stop = match self.stop {
             None => Vec::new(),

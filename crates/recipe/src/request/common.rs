@@ -270,18 +270,25 @@ pub(crate) fn resolve_tool_choice(
     })
 }
 
-/// Rules on strict tools: a prefix continuation cannot come with tools (`declared` is the tool
-/// list before `tool_choice: none` emptied it), strict and non-strict tools do not mix, and
-/// strict tools exclude a response format.
+/// Rules on prefix continuations and strict tools: a prefix continuation comes with neither a
+/// `json_object` response format nor tools (`declared` is the tool list before `tool_choice:
+/// none` emptied it), strict and non-strict tools do not mix, and strict tools exclude a
+/// response format.
 pub(crate) fn check_tool_rules(
     declared: bool,
     tools: &[ToolDefinition],
     messages: &[Message],
+    format: &ResponseFormat,
     has_response_format: bool,
 ) -> Result<()> {
     let prefix = messages
         .last()
         .is_some_and(|m| m.role == Role::Assistant && m.prefix);
+    if prefix && *format == ResponseFormat::JsonObject {
+        return Err(bad(
+            "response_format json_object should not be used with prefix",
+        ));
+    }
     if prefix && declared {
         return Err(bad("Function call should not be used with prefix"));
     }

@@ -705,7 +705,7 @@ impl ResponsesRequest {
         let (format, format_constraint) = common::finalize_format(format_spec)?;
         // Only a JSON format conflicts with strict tools here (Chat counts any format).
         let json_format = !matches!(format, ResponseFormat::Text | ResponseFormat::Regex(_));
-        common::check_tool_rules(false, &tools, &messages, json_format)?;
+        common::check_tool_rules(false, &tools, &messages, &format, json_format)?;
         common::check_temperature(self.temperature)?;
         common::check_top_p(self.top_p)?;
         if self.top_logprobs.is_some_and(|n| n > 20) {
