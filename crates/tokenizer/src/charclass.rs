@@ -29,7 +29,7 @@ const KNOWN: u8 = 1 << 7;
 
 struct Probes {
     regexes: Vec<(u8, Regex)>,
-    /// One entry per code point (1.1 MB, pages untouched until a character is seen).
+    /// One entry per code point (1.1 MB, zeroed once when the first tokenizer loads).
     table: Box<[AtomicU8]>,
 }
 

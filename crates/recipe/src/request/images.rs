@@ -1,6 +1,8 @@
 //! Image references in requests: URLs and base64 data URLs, validated as deepseek-recipe does.
 //! Images are not fetched or decoded here; a data URL's payload is only checked to be base64.
 
+use std::borrow::Cow;
+
 use base64::engine::general_purpose::{GeneralPurpose, GeneralPurposeConfig};
 use base64::engine::DecodePaddingMode;
 use base64::Engine;
@@ -14,18 +16,16 @@ const BASE64: GeneralPurpose = GeneralPurpose::new(
 
 /// Data URL payloads: unused low bits of the last character are tolerated (`QUJ=`), as the
 /// official does there (not in Messages sources).
-const DATA_URL_PADDED: GeneralPurpose = GeneralPurpose::new(
-    &base64::alphabet::STANDARD,
-    GeneralPurposeConfig::new()
-        .with_decode_allow_trailing_bits(true)
-        .with_decode_padding_mode(DecodePaddingMode::RequireCanonical),
-);
-const DATA_URL_UNPADDED: GeneralPurpose = GeneralPurpose::new(
-    &base64::alphabet::STANDARD,
-    GeneralPurposeConfig::new()
-        .with_decode_allow_trailing_bits(true)
-        .with_decode_padding_mode(DecodePaddingMode::RequireNone),
-);
+const fn data_url_engine(padding: DecodePaddingMode) -> GeneralPurpose {
+    GeneralPurpose::new(
+        &base64::alphabet::STANDARD,
+        GeneralPurposeConfig::new()
+            .with_decode_allow_trailing_bits(true)
+            .with_decode_padding_mode(padding),
+    )
+}
+const DATA_URL_PADDED: GeneralPurpose = data_url_engine(DecodePaddingMode::RequireCanonical);
+const DATA_URL_UNPADDED: GeneralPurpose = data_url_engine(DecodePaddingMode::RequireNone);
 
 const IMAGE_TYPES: &[&str] = &["png", "jpeg", "jpg", "gif", "webp"];
 
@@ -77,7 +77,7 @@ pub(crate) fn check_data_url(url: &str) -> Result<(), DataUrlError> {
 /// over-long (`aGk==`) or short (`QQ=`) but not missing (`aGk`), and only at the end. The
 /// payload is decoded and written back in canonical form (standard padding), which is what the
 /// data URL then carries; `None` when it does not decode.
-pub(crate) fn canonical_bare_base64(data: &str) -> Option<String> {
+pub(crate) fn canonical_bare_base64(data: &str) -> Option<Cow<'_, str>> {
     let body = data.trim_end_matches('=');
     let padded = body.len() < data.len();
     let rem = body.len() % 4;
@@ -86,9 +86,11 @@ pub(crate) fn canonical_bare_base64(data: &str) -> Option<String> {
     }
     let bytes = BASE64.decode(body).ok()?;
     if rem == 0 && !padded {
-        return Some(data.to_string()); // already canonical
+        return Some(Cow::Borrowed(data)); // already canonical: no copy of a large payload
     }
-    Some(base64::engine::general_purpose::STANDARD.encode(bytes))
+    Some(Cow::Owned(
+        base64::engine::general_purpose::STANDARD.encode(bytes),
+    ))
 }
 
 /// An `http://` or `https://` URL.

@@ -274,11 +274,15 @@ impl<G: ChunkGenerator> StreamProcessor<G> {
         }
     }
 
-    fn take_nonempty(&mut self, start: usize, end: usize) -> Option<Vec<TokenLogprobs>> {
+    /// Append to `lp` the log probabilities of the output range `start..end` (none for an empty
+    /// range: JSON-mode spaces). Merged pieces each add those of their own text, so a token the
+    /// parser dropped between two pieces (a stray `</think>`) is skipped, as deepseek-recipe
+    /// skips it.
+    fn add_logprobs(&mut self, lp: &mut Option<Vec<TokenLogprobs>>, start: usize, end: usize) {
         if start < end {
-            self.take_logprobs(start, end)
-        } else {
-            None
+            if let Some(more) = self.take_logprobs(start, end) {
+                lp.get_or_insert_with(Vec::new).extend(more);
+            }
         }
     }
 
@@ -294,7 +298,8 @@ impl<G: ChunkGenerator> StreamProcessor<G> {
                     start,
                     end,
                 } => {
-                    let mut lp = self.take_nonempty(start, end);
+                    let mut lp = None;
+                    self.add_logprobs(&mut lp, start, end);
                     while let Some(Out::Reasoning {
                         text: t,
                         start: s,
@@ -302,9 +307,7 @@ impl<G: ChunkGenerator> StreamProcessor<G> {
                     }) = iter.peek()
                     {
                         text.push_str(t);
-                        if let Some(more) = self.take_nonempty(*s, *e) {
-                            lp.get_or_insert_with(Vec::new).extend(more);
-                        }
+                        self.add_logprobs(&mut lp, *s, *e);
                         iter.next();
                     }
                     if self.count_reasoning {
@@ -318,10 +321,8 @@ impl<G: ChunkGenerator> StreamProcessor<G> {
                     start,
                     end,
                 } => {
-                    // Each piece takes the log probabilities of its own text, so a token the
-                    // parser dropped between two pieces (a stray `</think>`) is skipped, as
-                    // deepseek-recipe skips it; JSON-mode spaces have an empty range and none.
-                    let mut lp = self.take_nonempty(start, end);
+                    let mut lp = None;
+                    self.add_logprobs(&mut lp, start, end);
                     while let Some(Out::Content {
                         text: t,
                         start: s,
@@ -329,9 +330,7 @@ impl<G: ChunkGenerator> StreamProcessor<G> {
                     }) = iter.peek()
                     {
                         text.push_str(t);
-                        if let Some(more) = self.take_nonempty(*s, *e) {
-                            lp.get_or_insert_with(Vec::new).extend(more);
-                        }
+                        self.add_logprobs(&mut lp, *s, *e);
                         iter.next();
                     }
                     self.generator.content(text, lp, out);
