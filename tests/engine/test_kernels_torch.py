@@ -111,13 +111,16 @@ def test_topk_ties_prefer_lower_entries():
     assert indexer.select_topk(scores, 6).tolist() == [[1, 2, 4, 0, 3, -1]]
 
 
-@pytest.mark.parametrize("n", [1, 3, 6])  # few tokens take the gathered-weights path
-def test_moe_reference_is_the_per_token_sum(n):
+# (tokens, experts): 1 x 16 gathers the picked weights, 6 x 3 runs every expert densely,
+# 200 x 3 and 5 x 32 group the picks by expert.
+@pytest.mark.parametrize(("n", "n_experts"), [(1, 16), (6, 3), (200, 3), (5, 32)])
+def test_moe_reference_is_the_per_token_sum(n, n_experts):
     g = torch.Generator().manual_seed(2)
     x = torch.randn(n, 8, generator=g)
-    idx = torch.tensor([[0, 2], [1, 0], [2, 1], [0, 2], [2, 0], [1, 2]])[:n]
+    idx = torch.stack([torch.randperm(n_experts, generator=g)[:2] for _ in range(n)])
     w = torch.rand(n, 2, generator=g)
-    gu, down = torch.randn(3, 10, 8, generator=g), torch.randn(3, 8, 5, generator=g)
+    gu = torch.randn(n_experts, 10, 8, generator=g)
+    down = torch.randn(n_experts, 8, 5, generator=g)
     got = moe.moe_experts_torch(x, idx, w, gu, down, 1.0)
     for i in range(n):
         want = torch.zeros(8)
@@ -127,6 +130,13 @@ def test_moe_reference_is_the_per_token_sum(n):
             act = torch.nn.functional.silu(h[:5].clamp(max=1.0)) * h[5:].clamp(-1.0, 1.0)
             want += w[i, j] * (down[e] @ act)
         torch.testing.assert_close(got[i], want, atol=1e-5, rtol=1e-5)
+
+
+def test_moe_paths_cover_the_cases_above():
+    assert not moe._use_dense(1, 2, 16)  # few tokens: gathered weights
+    assert moe._use_dense(6, 2, 3)
+    assert not moe._use_dense(200, 2, 3)  # grouped
+    assert not moe._use_dense(5, 2, 32)
 
 
 def test_rope_rotates_pairs_and_inverse_undoes_it():

@@ -14,11 +14,15 @@ import torch.nn.functional as F
 from torch import nn
 
 
-def _flat_rms(h: torch.Tensor, eps: float) -> torch.Tensor:
+def _rms_mix(h: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """F.linear(rms_norm(streams flattened), weight) in fp32."""
     flat = h.reshape(h.shape[0], h.shape[1] * h.shape[2]).float()
-    if flat.shape[0] <= 64:  # one fused op beats five for a few rows; not for many
-        return F.rms_norm(flat, (flat.shape[1],), None, eps)
-    return flat * torch.rsqrt(flat.square().mean(-1, keepdim=True) + eps)
+    if flat.shape[0] <= 64:  # one fused norm beats the ops below for a few rows; not for many
+        return F.linear(F.rms_norm(flat, (flat.shape[1],), None, eps), weight)
+    # The norm is one scale per row, so it can follow the (narrow) projection: one read of the
+    # wide input for its norm instead of writing and re-reading a normalised copy.
+    ms = torch.linalg.vector_norm(flat, dim=-1, keepdim=True).square_().div_(flat.shape[1])
+    return F.linear(flat, weight).mul_(ms.add_(eps).rsqrt_())
 
 
 def sinkhorn(comb: torch.Tensor, iters: int, eps: float) -> torch.Tensor:
@@ -47,7 +51,16 @@ def sinkhorn(comb: torch.Tensor, iters: int, eps: float) -> torch.Tensor:
         c.div_(rows.add_(eps))
         torch.sum(c, 0, keepdim=True, out=cols)
         c.div_(cols.add_(eps))
-    return c.permute(2, 0, 1)
+    # Contiguous [T, n, n]: bmm over a permuted view falls back to one small GEMM per row
+    # (measured 11x slower at T=2048).
+    return c.permute(2, 0, 1).contiguous()
+
+
+def _collapse(pre: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
+    """sum_j pre_j * h_j in fp32, returned in h's dtype: [T, hc] x [T, hc, D] -> [T, D]."""
+    if h.dtype == pre.dtype:  # one batched GEMM, no [T, hc, D] product in memory
+        return torch.bmm(pre.unsqueeze(1), h).squeeze(1)
+    return (pre.unsqueeze(-1) * h).sum(1).to(h.dtype)
 
 
 class HyperConnection(nn.Module):
@@ -75,15 +88,14 @@ class HyperConnection(nn.Module):
         """h: [T, hc, D]. Returns post [T, hc], comb [T, hc, hc] (comb[j, k]: stream j into
         stream k) and the collapsed sublayer input [T, D] in h's dtype."""
         hc, eps = self.hc, self.hc_eps
-        mix = F.linear(_flat_rms(h, self.norm_eps), self.fn)
+        mix = _rms_mix(h, self.fn, self.norm_eps)
         # One scale per group (pre, post, comb), applied to the whole mix vector at once.
         z = torch.addcmul(self.base, mix, self._scale_vector())
         gates = torch.sigmoid(z[:, : 2 * hc])
         pre = gates[:, :hc] + eps
         post = gates[:, hc:] * 2
         comb = sinkhorn(torch.softmax(z[:, 2 * hc :].view(-1, hc, hc), -1) + eps, self.iters, eps)
-        collapsed = (pre.unsqueeze(-1) * h).sum(1).to(h.dtype)
-        return post, comb, collapsed
+        return post, comb, _collapse(pre, h)
 
     @staticmethod
     def merge(
@@ -91,8 +103,8 @@ class HyperConnection(nn.Module):
     ) -> torch.Tensor:
         """New streams: stream k = post_k * out + sum_j comb[j, k] * h_j."""
         dt = h.dtype
-        mixed = torch.bmm(comb.to(dt).transpose(1, 2), h)
-        return post.to(dt).unsqueeze(-1) * out.unsqueeze(1) + mixed
+        spread = post.to(dt).unsqueeze(-1) * out.unsqueeze(1)
+        return spread.baddbmm_(comb.to(dt).transpose(1, 2), h)  # in place: no copy of spread
 
 
 class HyperHead(nn.Module):
@@ -106,6 +118,6 @@ class HyperHead(nn.Module):
         self.hc_scale = nn.Parameter(torch.ones(1, dtype=torch.float32))
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
-        mix = F.linear(_flat_rms(h, self.norm_eps), self.hc_fn)
+        mix = _rms_mix(h, self.hc_fn, self.norm_eps)
         pre = torch.sigmoid(mix * self.hc_scale + self.hc_base) + self.hc_eps
-        return (pre.unsqueeze(-1) * h).sum(1).to(h.dtype)
+        return _collapse(pre, h)

@@ -81,4 +81,5 @@ def load_model(
     net.to(device)
     net.eval()
     net.requires_grad_(False)
+    net.prepare_greedy_head()
     return LoadedModel(model=net, config=config, path=path)

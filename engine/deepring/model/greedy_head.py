@@ -1,0 +1,98 @@
+"""Greedy decoding's LM head on CPU: the argmax of fp32 logits, found through a bf16 GEMM.
+
+An fp32 LM head is the largest single cost of a small model's CPU decode step. CPUs with AMX
+run the same GEMM in bf16 several times faster, but bf16 logits are approximate. They still
+decide the argmax exactly wherever the runner-up is further behind than a rigorous bound on the
+approximation error: then no fp32 logit can overtake the bf16 winner. Rows where the bound does
+not separate the two are settled exactly: every token whose bf16 logit lies within the bound of
+the winner gets its fp32 logit, and the largest of those (lowest id on ties) wins.
+
+The error bound for logit j of a row y (fp32) against weight row w_j (fp32), with y16, w16 their
+bf16 roundings: |bf16_logit_j - y.w_j| <= A + u' |bf16_logit_j|, where
+  A = ||y16|| * max_j ||w_j - w16_j|| + ||y - y16|| * max_j ||w_j||     (input rounding)
+      + K * 2^-23 * ||y16|| * max_j ||w16_j||                          (fp32 accumulation)
+  u' = 2^-8 / (1 - 2^-8)                                               (bf16 output rounding)
+(Cauchy-Schwarz on each rounding residual; the products of bf16 values are exact in fp32.)
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+import torch.nn.functional as F
+
+_U_OUT = 2.0**-8 / (1 - 2.0**-8)
+# Tokens per tile of the max pass: few enough that a tile reaching the threshold holds few
+# tokens to check, enough that the tile maxima are a small array.
+_TILE = 16
+
+
+@functools.cache
+def cpu_bf16_is_fast() -> bool:
+    """Whether oneDNN runs bf16 GEMMs natively here (AVX512-BF16 or AMX), not emulated."""
+    return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+
+
+class Bf16GreedyHead:
+    """Holds the bf16 copy of an fp32 LM head weight and its norms; rebuilt when the weight
+    changes (tracked by data pointer and version counter)."""
+
+    def __init__(self) -> None:
+        self._key: tuple[int, int] | None = None
+
+    def prepare(self, w: torch.Tensor) -> None:
+        key = (w.data_ptr(), w._version)
+        if self._key == key:
+            return
+        w = w.detach()
+        self.w16 = w.to(torch.bfloat16)
+        w16f = self.w16.float()
+        self.w_max = float(torch.linalg.vector_norm(w, dim=-1).max())
+        self.w16_max = float(torch.linalg.vector_norm(w16f, dim=-1).max())
+        self.res_max = float(torch.linalg.vector_norm(w - w16f, dim=-1).max())
+        self._key = key
+
+    def argmax(self, y: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        """argmax_j (y @ w.T)[r, j] in fp32 for each row r (first maximum); y: [R, K]."""
+        self.prepare(w)
+        y = y.float()
+        if not bool(torch.isfinite(y).all()):  # no bound holds; the plain path says what fp32 does
+            return F.linear(y, w.float()).argmax(-1)
+        y16 = y.to(torch.bfloat16)
+        approx = F.linear(y16, self.w16)  # [R, V] bf16, kept in bf16: one pass less
+        n, vocab = approx.shape
+        # One pass over the logits: tile t holds tokens t, t + S, ..., t + (G-1) S (a strided
+        # tile makes the pass an element-wise max of G contiguous slices, which vectorises);
+        # the last vocab % G tokens form one more tile.
+        whole = vocab - vocab % _TILE
+        stride = whole // _TILE
+        tile_max = approx[:, :whole].view(n, _TILE, stride).amax(1)
+        if whole < vocab:
+            tile_max = torch.cat([tile_max, approx[:, whole:].amax(-1, keepdim=True)], 1)
+        tile_max = tile_max.float()
+        best = tile_max.amax(-1)
+        y16n = torch.linalg.vector_norm(y16.float(), dim=-1)
+        lo_n = torch.linalg.vector_norm(y - y16.float(), dim=-1)
+        a = y16n * self.res_max + lo_n * self.w_max + y.shape[1] * 2.0**-23 * y16n * self.w16_max
+        # Token j can be the fp32 argmax only if approx_j + e_j >= best - e_best, with
+        # e = a + u'|approx|; x + u'|x| grows with x, so this is approx_j >= thr.
+        floor = best - _U_OUT * best.abs() - 2 * a
+        thr = torch.where(floor >= 0, floor / (1 + _U_OUT), floor / (1 - _U_OUT))
+        # Candidates: the tokens >= thr inside the (few) tiles whose maximum is >= thr.
+        rt, tt = (tile_max >= thr[:, None]).nonzero(as_tuple=True)
+        k = torch.arange(_TILE)
+        cols = torch.where(tt[:, None] < stride, tt[:, None] + k * stride, whole + k)
+        cols = cols.clamp_(max=vocab - 1)
+        keep = approx[rt[:, None], cols].float() >= thr[rt, None]
+        # (Clamping may list a token twice: harmless below.)
+        r, j = rt[:, None].expand_as(cols)[keep], cols[keep]
+        # Usually one candidate per row; ties in bf16 leave a few, settled by their fp32 logits.
+        exact = (w[j].float() * y[r]).sum(-1)
+        top = torch.full((n,), float("-inf")).scatter_reduce(0, r, exact, "amax")
+        win = exact == top[r]
+        idx = torch.full((n,), vocab, dtype=torch.long).scatter_reduce(0, r[win], j[win], "amin")
+        lost = idx == vocab  # no candidate: non-finite logits (overflow); fp32 decides
+        if bool(lost.any()):
+            idx[lost] = F.linear(y[lost], w.float()).argmax(-1)
+        return idx

@@ -1,0 +1,69 @@
+"""The bf16 greedy head against the fp32 argmax it stands for (model.greedy_head)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from deepring.model.greedy_head import Bf16GreedyHead
+
+
+def _fp32_argmax(y: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    return F.linear(y, w).argmax(-1)
+
+
+@pytest.mark.parametrize("vocab", [1000, 1003, 7])  # 1003 and 7: a partial last tile
+def test_random_rows_match_fp32_argmax(vocab):
+    g = torch.Generator().manual_seed(0)
+    w = torch.randn(vocab, 64, generator=g)  # fp32 values bf16 cannot hold
+    y = torch.randn(300, 64, generator=g) * 3
+    assert torch.equal(Bf16GreedyHead().argmax(y, w), _fp32_argmax(y, w))
+
+
+def test_near_ties_below_bf16_resolution_are_settled_in_fp32():
+    g = torch.Generator().manual_seed(1)
+    w = torch.randn(500, 64, generator=g) * 0.1
+    # Tokens 100..139 all have logit ~65 for every row; row i favours token 100 + i by 0.0065,
+    # far below what bf16 resolves at 65 (0.5) and far above fp32 rounding (8e-6).
+    eps = 1e-4
+    for t in range(40):
+        w[100 + t] = 1.0
+        w[100 + t, t] += eps
+    y = torch.ones(40, 64) + torch.eye(40, 64)
+    got = Bf16GreedyHead().argmax(y, w)
+    assert got.tolist() == [100 + i for i in range(40)]
+    assert torch.equal(got, _fp32_argmax(y, w))
+
+
+def test_exact_ties_pick_the_first_token():
+    g = torch.Generator().manual_seed(2)
+    w = torch.randn(300, 32, generator=g) * 0.1
+    w[17] = w[250] = w[123] = torch.ones(32)
+    y = torch.ones(4, 32)
+    assert Bf16GreedyHead().argmax(y, w).tolist() == [17] * 4
+
+
+def test_the_last_partial_tile_can_win():
+    w = torch.zeros(35, 8)  # 35 = 2 tiles of 16 + 3 tokens in the partial tile
+    w[34] = 1.0
+    y = torch.ones(3, 8)
+    assert Bf16GreedyHead().argmax(y, w).tolist() == [34] * 3
+
+
+def test_non_finite_rows_fall_back_to_fp32():
+    g = torch.Generator().manual_seed(3)
+    w = torch.randn(200, 16, generator=g)
+    y = torch.randn(3, 16, generator=g)
+    y[1, 4] = float("nan")
+    assert torch.equal(Bf16GreedyHead().argmax(y, w), _fp32_argmax(y, w))
+
+
+def test_a_changed_weight_is_noticed():
+    g = torch.Generator().manual_seed(4)
+    w = torch.randn(400, 16, generator=g)
+    y = torch.randn(5, 16, generator=g)
+    head = Bf16GreedyHead()
+    assert torch.equal(head.argmax(y, w), _fp32_argmax(y, w))
+    with torch.no_grad():
+        w.neg_()
+    assert torch.equal(head.argmax(y, w), _fp32_argmax(y, w))
