@@ -83,6 +83,29 @@ def test_prefill_attention_reference(mode, block_q):
     torch.testing.assert_close(dec, got[rows], atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("mode", ["window", "dense", "topk"])
+@pytest.mark.parametrize("slots", [[0, 1, 2], [2, 0, 1]])  # consecutive slots: the ring is viewed
+def test_decode_attention_reference(mode, slots):
+    g = torch.Generator().manual_seed(5)
+    lay = _layout([13, 40, 5], [1, 1, 1], slots, [[3, 1, 4], [5, 2, 7], [6, 0, 0]])
+    q, kv = torch.randn(3, 3, 16, generator=g), torch.randn(3, 16, generator=g)
+    ring = torch.randn(3, RING, 16, generator=g)
+    comp = torch.randn(8, BLOCK // RATIO, 16, generator=g)
+    sinks = torch.randn(3, generator=g)
+    idx = None
+    if mode == "topk":
+        idx = torch.full((3, 4), -1)
+        for i, pos in enumerate(lay.positions.tolist()):
+            pick = torch.randperm((pos + 1) // RATIO, generator=g)[:4]
+            idx[i, : len(pick)] = pick
+    c = None if mode == "window" else comp
+    got = attention_decode.decode_attention_torch(
+        q, kv, ring, c, lay.positions, lay.slots, lay.block_tables, idx, RATIO, sinks, 0.3, WINDOW
+    )
+    want = _dense_reference(q, kv, ring, c, lay, idx, RATIO, sinks, 0.3, WINDOW)
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+
+
 def test_indexer_batched_rows_equal_looped_rows():
     g = torch.Generator().manual_seed(1)
     lay = _layout(

@@ -32,7 +32,10 @@ def decode_attention_torch(
     p = positions[:, None]
     i = torch.arange(ring_len, device=q.device)
     ring_pos = (p - 1) - torch.remainder(p - 1 - i, ring_len)
-    keys = [ring[slots], kv[:, None]]
+    # Key groups are scored and summed one by one rather than concatenated: the scores are a
+    # small fraction of the keys' size, so nothing key-sized is copied (the ring not at all
+    # when the slots are consecutive).
+    groups = [_slot_rows(ring, slots), kv[:, None]]
     masks = [(ring_pos >= 0) & (ring_pos > p - window), torch.ones_like(p, dtype=torch.bool)]
     if comp is not None:
         epb = comp.shape[1]
@@ -43,15 +46,30 @@ def decode_attention_torch(
             e = torch.arange(int(n.max()) if b else 0, device=q.device).expand(b, -1)
             cm = e < n[:, None]
         blk = block_tables.gather(1, e // epb)
-        keys.append(comp[blk, e % epb])
+        groups.append(comp[blk, e % epb])
         masks.append(cm)
-    k = torch.cat(keys, 1).float()
+    groups = [g.float() for g in groups]
+    qf = q.float()
     # bmm rather than einsum: at decode sizes einsum's planning costs more than the GEMM on CPU.
-    sc = torch.bmm(q.float(), k.transpose(1, 2)) * scale
-    sc = sc.masked_fill(~torch.cat(masks, 1)[:, None, :], float("-inf"))
+    sc = torch.cat([torch.bmm(qf, g.transpose(1, 2)) for g in groups], -1).mul_(scale)
+    sc.masked_fill_(~torch.cat(masks, 1)[:, None, :], float("-inf"))
     sc = torch.cat([sc, sinks.float().view(1, h, 1).expand(b, h, 1)], -1)
-    prob = torch.softmax(sc, -1)[..., :-1]
-    return torch.bmm(prob, k).to(q.dtype)
+    prob = torch.softmax(sc, -1)
+    out = None
+    at = 0
+    for g in groups:
+        part = torch.bmm(prob[..., at : at + g.shape[1]], g)
+        out = part if out is None else out.add_(part)
+        at += g.shape[1]
+    return out.to(q.dtype)
+
+
+def _slot_rows(ring: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+    """ring[slots], as a view when the slots are consecutive (no copy)."""
+    first = int(slots[0]) if slots.numel() else 0
+    if slots.numel() == 1 or (slots.numel() and bool((slots.diff() == 1).all())):
+        return ring[first : first + slots.numel()]
+    return ring[slots]
 
 
 if HAVE_TRITON:

@@ -89,9 +89,11 @@ class ForwardBatch:
             ids.extend(c.token_ids)
             positions.extend(range(c.start, c.start + n))
             token_seq.extend([s] * n)
-        tables = torch.zeros(len(chunks), width, dtype=torch.long)
-        for s, c in enumerate(chunks):
-            tables[s, : len(c.block_ids)] = torch.tensor(c.block_ids, dtype=torch.long)
+        # One tensor from padded lists: a tensor per request costs more than the table.
+        tables = torch.tensor(
+            [list(c.block_ids) + [0] * (width - len(c.block_ids)) for c in chunks],
+            dtype=torch.long,
+        )
 
         def lt(x: list[int]) -> torch.Tensor:
             return torch.tensor(x, dtype=torch.long, device=device)
