@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+from deepring.model import greedy_head
 from deepring.model.greedy_head import Bf16GreedyHead
 
 
@@ -67,3 +68,15 @@ def test_a_changed_weight_is_noticed():
     with torch.no_grad():
         w.neg_()
     assert torch.equal(head.argmax(y, w), _fp32_argmax(y, w))
+
+
+def test_without_a_packed_weight_the_plain_gemm_gives_the_same(monkeypatch):
+    def unavailable(*_args):
+        raise RuntimeError("no packed linear in this build")
+
+    monkeypatch.setattr(torch.ops.mkldnn, "_reorder_linear_weight", unavailable)
+    g = torch.Generator().manual_seed(5)
+    w = torch.randn(1003, 32, generator=g)
+    y = torch.randn(50, 32, generator=g)
+    assert torch.equal(Bf16GreedyHead().argmax(y, w), _fp32_argmax(y, w))
+    assert greedy_head._packed_gemm(w.bfloat16())(y.bfloat16()).dtype == torch.bfloat16

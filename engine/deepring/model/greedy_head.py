@@ -18,6 +18,7 @@ bf16 roundings: |bf16_logit_j - y.w_j| <= A + u' |bf16_logit_j|, where
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -34,6 +35,17 @@ def cpu_bf16_is_fast() -> bool:
     return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
 
 
+def _packed_gemm(w16: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
+    """x -> x @ w16.T. oneDNN reorders a plain weight into its blocked layout on every call,
+    which for an LM head costs more than the GEMM (measured: 1.6 ms packed vs 5.4 ms plain for
+    one row of a 129k x 128 head, 2.3 vs 7.5 ms for 32 rows); so the weight is reordered once."""
+    try:
+        packed = torch.ops.mkldnn._reorder_linear_weight(w16, 1)
+    except (AttributeError, RuntimeError):  # a build without oneDNN's packed linear
+        return lambda x: F.linear(x, w16)
+    return lambda x: torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], "")
+
+
 class Bf16GreedyHead:
     """Holds the bf16 copy of an fp32 LM head weight and its norms; rebuilt when the weight
     changes (tracked by data pointer and version counter)."""
@@ -46,11 +58,12 @@ class Bf16GreedyHead:
         if self._key == key:
             return
         w = w.detach()
-        self.w16 = w.to(torch.bfloat16)
-        w16f = self.w16.float()
+        w16 = w.to(torch.bfloat16)
+        w16f = w16.float()
         self.w_max = float(torch.linalg.vector_norm(w, dim=-1).max())
         self.w16_max = float(torch.linalg.vector_norm(w16f, dim=-1).max())
         self.res_max = float(torch.linalg.vector_norm(w - w16f, dim=-1).max())
+        self._gemm = _packed_gemm(w16)
         self._key = key
 
     def argmax(self, y: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
@@ -60,7 +73,7 @@ class Bf16GreedyHead:
         if not bool(torch.isfinite(y).all()):  # no bound holds; the plain path says what fp32 does
             return F.linear(y, w.float()).argmax(-1)
         y16 = y.to(torch.bfloat16)
-        approx = F.linear(y16, self.w16)  # [R, V] bf16, kept in bf16: one pass less
+        approx = self._gemm(y16)  # [R, V] bf16, kept in bf16: one pass less
         n, vocab = approx.shape
         # One pass over the logits: tile t holds tokens t, t + S, ..., t + (G-1) S (a strided
         # tile makes the pass an element-wise max of G contiguous slices, which vectorises);

@@ -49,8 +49,8 @@ _GREEDY_TILE = 16384
 # Up to this many rows the whole logits matrix is small and one GEMM is faster than tiles.
 _GREEDY_FULL_ROWS = 16
 # From this many rows the bf16 head (model.greedy_head) beats the fp32 GEMM on a CPU with fast
-# bf16 GEMMs (AMX / AVX512-BF16): 2.5x at 32 rows, even at 2-3 rows, slower for one.
-_BF16_HEAD_ROWS = 3
+# bf16 GEMMs (AMX / AVX512-BF16); with its weight pre-packed that is from one row on.
+_BF16_HEAD_ROWS = 1
 
 
 class DeepseekV4(nn.Module):
