@@ -224,7 +224,32 @@ def bad_json_texts(protocol: str) -> list[tuple[str, object]]:
         ("bytes utf-16", valid.encode("utf-16")),
         ("bytes lone surrogate escape", b'{"model": "\\udc00"}'),
         ("bytes ok", valid.encode()),
+        # Unknown fields, which the typed fast path skips without building them: whatever a
+        # JSON value refuses there must still be refused.
+        ("unknown field 1e400", "{" + inner + ', "junk": 1e400}'),
+        ("unknown field -1E+309", "{" + inner + ', "junk": [-1E+309]}'),
+        ("unknown field 400 digits", "{" + inner + ', "junk": ' + "9" * 400 + "}"),
+        ("unknown field 1e-400", "{" + inner + ', "junk": 1e-400}'),
+        ("unknown field lone surrogate", "{" + inner + ', "junk": "\\ud800"}'),
+        ("unknown field trailing surrogate", "{" + inner + ', "junk": "\\udc00x"}'),
+        ("unknown field surrogate pair", "{" + inner + ', "junk": "\\ud83d\\ude00"}'),
+        ("bytes unknown field invalid utf-8", b"{" + inner.encode() + b', "junk": "\xff"}'),
+        ("message unknown field 1e400", inner_message_junk(protocol, "1e400")),
+        ("message unknown field lone surrogate", inner_message_junk(protocol, '"\\udc00"')),
+        ("message duplicate content", inner_message_junk(protocol, '"x"', "content")),
+        ("message duplicate role", inner_message_junk(protocol, '"user"', "role")),
     ]
+
+
+def inner_message_junk(protocol: str, value: str, key: str = "junk") -> str:
+    """A valid body whose first message also has `key` set to the JSON text `value`."""
+    body = dict(VALID[protocol])
+    if protocol == "responses":
+        body["input"] = [{"role": "user", "content": "hi"}]
+    field = "input" if protocol == "responses" else "messages"
+    text = json.dumps(body)
+    message = json.dumps(body[field][0])
+    return text.replace(message, message[:-1] + f', "{key}": {value}}}', 1)
 
 
 def bad_cases():

@@ -149,6 +149,27 @@ def test_max_completion_tokens_values_are_read_like_max_tokens(value, tokenizers
     )
 
 
+@pytest.mark.parametrize(
+    "text",
+    [
+        # an escaped key is the same key
+        '"max\\u005fcompletion_tokens": 7',
+        # in front of the messages, after a skipped field, in an array-free body
+        '"max_completion_tokens": 7, "junk": {"a": [1, 2]}',
+    ],
+)
+def test_max_completion_tokens_read_from_text_as_from_a_dict(text, tokenizers):
+    """Bytes bodies read the limit in the same pass as the request; the result is the dict's."""
+    body = json.dumps(chat_body(False))
+    raw = "{" + text + ", " + body[1:]
+    assert_same(
+        summary(ours, "chat", raw.encode(), tokenizers),
+        summary(ours, "chat", json.loads(raw), tokenizers),
+        "ours from bytes vs from the parsed dict",
+    )
+    assert summary(ours, "chat", raw.encode(), tokenizers)["inference"]["max_tokens"] == 7
+
+
 # ---------------------------------------------------------------------------------------------
 # R2. strict schemas keep the definitions their references point to
 

@@ -519,7 +519,12 @@ pub(crate) fn message_to_py(py: Python<'_>, message: &Message) -> PyResult<Py<Py
 // ---------------------------------------------------------------------------------------------
 // Conversation
 
-#[pyclass(module = "deepring_recipe._native", name = "Conversation", frozen)]
+#[pyclass(
+    module = "deepring_recipe._native",
+    name = "Conversation",
+    frozen,
+    freelist = 16
+)]
 #[derive(Clone)]
 pub(crate) struct PyConversation {
     pub(crate) inner: std::sync::Arc<Conversation>,

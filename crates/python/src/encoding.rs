@@ -1,5 +1,7 @@
 //! SpecialTokens, RenderedPrompt and the two prompt encodings.
 
+use std::sync::OnceLock;
+
 use deepring_recipe::{Encoding, ModelVersion, SpecialToken, SpecialTokens};
 use deepring_tokenizer::Tokenizer;
 use pyo3::exceptions::PyRuntimeError;
@@ -81,10 +83,18 @@ impl PySpecialTokens {
     }
 }
 
-#[pyclass(module = "deepring_recipe._native", name = "RenderedPrompt", frozen)]
+#[pyclass(
+    module = "deepring_recipe._native",
+    name = "RenderedPrompt",
+    frozen,
+    freelist = 16
+)]
 pub(crate) struct PyRenderedPrompt {
     prompt: String,
-    special_ranges: Vec<(usize, usize)>,
+    /// Byte offsets from the renderer; Python sees character offsets, counted on first access
+    /// (most callers only want the prompt, or tokenize it from Rust).
+    byte_ranges: Vec<(usize, usize)>,
+    special_ranges: OnceLock<Vec<(usize, usize)>>,
     image_sources: Vec<Py<PyAny>>,
 }
 
@@ -96,7 +106,9 @@ impl PyRenderedPrompt {
     }
     #[getter]
     fn special_ranges(&self) -> Vec<(usize, usize)> {
-        self.special_ranges.clone()
+        self.special_ranges
+            .get_or_init(|| byte_ranges_to_chars(&self.prompt, &self.byte_ranges))
+            .clone()
     }
     #[getter]
     fn image_sources(&self, py: Python<'_>) -> Vec<Py<PyAny>> {
@@ -135,7 +147,6 @@ impl EncodingState {
             .sum();
         let rendered =
             crate::request::maybe_detached(py, size, || self.encoding.render(&conv.inner));
-        let special_ranges = byte_ranges_to_chars(&rendered.prompt, &rendered.special_ranges);
         let image_sources = rendered
             .image_sources
             .iter()
@@ -143,7 +154,8 @@ impl EncodingState {
             .collect::<PyResult<_>>()?;
         Ok(PyRenderedPrompt {
             prompt: rendered.prompt,
-            special_ranges,
+            byte_ranges: rendered.special_ranges,
+            special_ranges: OnceLock::new(),
             image_sources,
         })
     }

@@ -2,6 +2,7 @@
 //! both the renderer and the stream parser follow the override.
 
 use std::borrow::Cow;
+use std::sync::Arc;
 
 /// A kind of special token.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -77,29 +78,37 @@ impl SpecialToken {
     }
 }
 
-/// The spelling of every special token. Default spellings are borrowed, so copying the mapping
-/// into each converted request's parsing options allocates only for overridden tokens.
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// The spelling of every special token. The default mapping is `None`, so copying it into each
+/// converted request's parsing options costs a pointer copy; overridden mappings are shared.
+#[derive(Clone, Debug, Default)]
 pub struct SpecialTokens {
-    spellings: [Cow<'static, str>; 18],
+    overrides: Option<Arc<[Cow<'static, str>; 18]>>,
 }
 
-impl Default for SpecialTokens {
-    fn default() -> Self {
-        SpecialTokens {
-            spellings: SpecialToken::ALL.map(|t| Cow::Borrowed(t.default_str())),
-        }
+impl PartialEq for SpecialTokens {
+    fn eq(&self, other: &Self) -> bool {
+        SpecialToken::ALL
+            .iter()
+            .all(|&t| self.token(t) == other.token(t))
     }
 }
 
+impl Eq for SpecialTokens {}
+
 impl SpecialTokens {
     pub fn token(&self, token: SpecialToken) -> &str {
-        &self.spellings[token.index()]
+        match &self.overrides {
+            None => token.default_str(),
+            Some(spellings) => &spellings[token.index()],
+        }
     }
 
     /// The same mapping with `token` spelled `spelling`.
     pub fn with(mut self, token: SpecialToken, spelling: impl Into<String>) -> Self {
-        self.spellings[token.index()] = Cow::Owned(spelling.into());
+        let spellings = self.overrides.get_or_insert_with(|| {
+            Arc::new(SpecialToken::ALL.map(|t| Cow::Borrowed(t.default_str())))
+        });
+        Arc::make_mut(spellings)[token.index()] = Cow::Owned(spelling.into());
         self
     }
 }

@@ -218,12 +218,12 @@ impl Renderer<'_> {
         }
         self.b.special(SpecialToken::System);
         if self.conv.thinking_mode {
-            let n = match self.conv.reasoning_effort {
-                Some(ReasoningEffort::Low) => "50",
-                Some(ReasoningEffort::Max) => "100",
-                _ => "75",
+            let line = match self.conv.reasoning_effort {
+                Some(ReasoningEffort::Low) => templates::V41_EFFORT_LOW,
+                Some(ReasoningEffort::Max) => templates::V41_EFFORT_MAX,
+                _ => templates::V41_EFFORT_DEFAULT,
             };
-            self.b.text(&templates::V41_EFFORT.replace("{N}", n));
+            self.b.text(line);
         }
         if let Some(m) = first_system {
             self.b.content(m);

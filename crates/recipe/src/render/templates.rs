@@ -43,8 +43,13 @@ You MUST reason with the utmost depth and rigor, leaving absolutely nothing to c
 Do not stop reasoning until you have independently verified the solution from multiple angles and are certain that no assumption remains unchecked and no error remains undiscovered.";
 
 /// V4.1 effort line; `{N}` is 50, 75 or 100.
-pub(crate) const V41_EFFORT: &str =
-    "Reasoning Effort: {N} (range 1-100, the higher the value, the more thorough the reasoning)\n\n";
+/// The V4.1 effort line for effort 50, 100 and 75 (written out: it is on every thinking prompt).
+pub(crate) const V41_EFFORT_LOW: &str =
+    "Reasoning Effort: 50 (range 1-100, the higher the value, the more thorough the reasoning)\n\n";
+pub(crate) const V41_EFFORT_MAX: &str =
+    "Reasoning Effort: 100 (range 1-100, the higher the value, the more thorough the reasoning)\n\n";
+pub(crate) const V41_EFFORT_DEFAULT: &str =
+    "Reasoning Effort: 75 (range 1-100, the higher the value, the more thorough the reasoning)\n\n";
 
 pub(crate) const V4_JSON_OBJECT: &str =
     "\n\nYou are a helpful assistant designed to output JSON.\n## Response Format:\n\nReply with JSON object ONLY.";

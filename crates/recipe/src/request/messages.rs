@@ -468,13 +468,10 @@ impl MessagesRequest {
         if self.messages.is_empty() {
             return Err(bad("messages: at least one message is required"));
         }
-        let image_token = options
-            .special_tokens
-            .token(SpecialToken::Image)
-            .to_string();
+        let image_token = options.special_tokens.token(SpecialToken::Image);
         let mut walk = Walk {
             version,
-            image_token: &image_token,
+            image_token,
             out: Vec::new(),
             pending: Vec::new(),
             pending_at: 0,

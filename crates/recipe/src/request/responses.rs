@@ -645,12 +645,9 @@ impl ResponsesRequest {
             .into_iter()
             .map(|s| s.spec)
             .collect();
-        let image_token = options
-            .special_tokens
-            .token(SpecialToken::Image)
-            .to_string();
+        let image_token = options.special_tokens.token(SpecialToken::Image);
         let vision = version == ModelVersion::DeepseekV41Flash;
-        let mut messages = self.convert_input(&image_token, vision)?;
+        let mut messages = self.convert_input(image_token, vision)?;
         let choice = match &self.tool_choice {
             None | Some(ResponsesToolChoice::Auto) => ChoiceSpec::Auto,
             Some(ResponsesToolChoice::None) => ChoiceSpec::None,
