@@ -80,3 +80,24 @@ def test_without_a_packed_weight_the_plain_gemm_gives_the_same(monkeypatch):
     y = torch.randn(50, 32, generator=g)
     assert torch.equal(Bf16GreedyHead().argmax(y, w), _fp32_argmax(y, w))
     assert greedy_head._packed_gemm(w.bfloat16())(y.bfloat16()).dtype == torch.bfloat16
+
+
+@pytest.mark.parametrize("rows", [1, 5, 40])  # 40: the fp32 path runs in vocabulary tiles
+def test_model_greedy_tokens_agree_with_and_without_the_bf16_head(monkeypatch, rows):
+    from deepring.model import model as model_mod
+    from deepring.model.loader import load_model
+    from deepring.model.tiny import tiny_config
+
+    net = load_model(tiny_config(), load_format="dummy", progress=False).model
+    h = torch.randn(rows, net.config.hc_mult, net.config.hidden_size, generator=_gen(6))
+    with torch.inference_mode():
+        fast = net.greedy_tokens(h)
+        monkeypatch.setattr(model_mod, "cpu_bf16_is_fast", lambda: False)
+        plain = net.greedy_tokens(h)
+        want = net.logits(h).argmax(-1)
+    assert torch.equal(plain, want)
+    assert torch.equal(fast, want)
+
+
+def _gen(seed: int) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)

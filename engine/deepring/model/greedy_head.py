@@ -31,8 +31,10 @@ _TILE = 16
 
 @functools.cache
 def cpu_bf16_is_fast() -> bool:
-    """Whether oneDNN runs bf16 GEMMs natively here (AVX512-BF16 or AMX), not emulated."""
-    return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    """Whether this CPU multiplies bf16 natively (AVX512-BF16 or AMX). Elsewhere oneDNN
+    emulates bf16 through fp32 and the bf16 head would only add work."""
+    checks = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
+    return any(bool(getattr(torch.cpu, name, lambda: False)()) for name in checks)
 
 
 def _packed_gemm(w16: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
