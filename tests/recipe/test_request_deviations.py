@@ -156,6 +156,8 @@ def test_max_completion_tokens_values_are_read_like_max_tokens(value, tokenizers
         '"max\\u005fcompletion_tokens": 7',
         # in front of the messages, after a skipped field, in an array-free body
         '"max_completion_tokens": 7, "junk": {"a": [1, 2]}',
+        # a repeated key: the last one, as everywhere else in a body (and in json.loads)
+        '"max_completion_tokens": 3, "max_completion_tokens": 7',
     ],
 )
 def test_max_completion_tokens_read_from_text_as_from_a_dict(text, tokenizers):

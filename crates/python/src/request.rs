@@ -68,16 +68,16 @@ where
 }
 
 /// Convert the request in `slot` (consuming it) with the GIL released for large bodies; errors
-/// mapped in one place.
+/// mapped in one place. Requests are kept boxed (see `parse_body_boxed`).
 fn convert_taken<T: Send>(
     py: Python<'_>,
-    slot: &Mutex<Option<T>>,
+    slot: &Mutex<Option<Box<T>>>,
     size: usize,
     options: &ConversionOptions,
     convert: impl FnOnce(T, &ConversionOptions) -> Result<ConversationRequest, ConversionError> + Send,
 ) -> PyResult<PyConversationRequest> {
     let request = take(slot)?;
-    maybe_detached(py, size, || convert(request, options))
+    maybe_detached(py, size, || convert(*request, options))
         .map(|inner| PyConversationRequest { inner })
         .map_err(|e| errors::conversion(&e))
 }
@@ -159,7 +159,7 @@ impl PyConversationRequest {
     freelist = 16
 )]
 pub(crate) struct PyChatCompletionRequest {
-    slot: Mutex<Option<ChatCompletionRequest>>,
+    slot: Mutex<Option<Box<ChatCompletionRequest>>>,
     size: usize,
 }
 
@@ -167,7 +167,7 @@ pub(crate) struct PyChatCompletionRequest {
 impl PyChatCompletionRequest {
     #[new]
     fn new(py: Python<'_>, body: &Bound<'_, PyAny>) -> PyResult<Self> {
-        let (request, size) = parse_request(py, body, ChatCompletionRequest::from_body)?;
+        let (request, size) = parse_request(py, body, ChatCompletionRequest::from_body_boxed)?;
         Ok(PyChatCompletionRequest {
             slot: Mutex::new(Some(request)),
             size,
@@ -220,7 +220,7 @@ use pyo3::types::{PyDict, PyTuple};
     freelist = 16
 )]
 pub(crate) struct PyResponsesRequest {
-    slot: Mutex<Option<ResponsesRequest>>,
+    slot: Mutex<Option<Box<ResponsesRequest>>>,
     size: usize,
 }
 
@@ -228,7 +228,7 @@ pub(crate) struct PyResponsesRequest {
 impl PyResponsesRequest {
     #[new]
     fn new(py: Python<'_>, body: &Bound<'_, PyAny>) -> PyResult<Self> {
-        let (request, size) = parse_request(py, body, ResponsesRequest::from_body)?;
+        let (request, size) = parse_request(py, body, ResponsesRequest::from_body_boxed)?;
         Ok(PyResponsesRequest {
             slot: Mutex::new(Some(request)),
             size,
@@ -295,7 +295,7 @@ use deepring_recipe::request::messages::MessagesRequest;
     freelist = 16
 )]
 pub(crate) struct PyMessagesRequest {
-    slot: Mutex<Option<MessagesRequest>>,
+    slot: Mutex<Option<Box<MessagesRequest>>>,
     size: usize,
 }
 
@@ -303,7 +303,7 @@ pub(crate) struct PyMessagesRequest {
 impl PyMessagesRequest {
     #[new]
     fn new(py: Python<'_>, body: &Bound<'_, PyAny>) -> PyResult<Self> {
-        let (request, size) = parse_request(py, body, MessagesRequest::from_body)?;
+        let (request, size) = parse_request(py, body, MessagesRequest::from_body_boxed)?;
         Ok(PyMessagesRequest {
             slot: Mutex::new(Some(request)),
             size,

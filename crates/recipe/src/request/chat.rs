@@ -332,7 +332,7 @@ impl<'de> Deserialize<'de> for ChatToolChoice {
 struct FastRequest;
 
 impl<'de> Visitor<'de> for FastRequest {
-    type Value = (ChatCompletionRequest, Option<Value>);
+    type Value = (Box<ChatCompletionRequest>, Option<Value>);
 
     fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str("struct ChatCompletionRequest")
@@ -351,12 +351,12 @@ impl<'de> Visitor<'de> for FastRequest {
         if let Some(messages) = fields.messages {
             request.messages = messages;
         }
-        Ok((request, fields.limit.flatten()))
+        Ok((Box::new(request), fields.limit.flatten()))
     }
 
     fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> std::result::Result<Self::Value, A::Error> {
         let request = ChatCompletionRequest::deserialize(SeqAccessDeserializer::new(seq))?;
-        Ok((request, None))
+        Ok((Box::new(request), None))
     }
 }
 
@@ -588,30 +588,31 @@ impl<'de> Deserialize<'de> for FlatMessage {
 impl ChatCompletionRequest {
     /// Parse a body (see [`super::parse_body`]), reading `max_completion_tokens` on the side.
     pub fn from_body(body: super::RequestBody<'_>) -> std::result::Result<Self, RecipeError> {
-        #[derive(Deserialize)]
-        struct CompletionLimit {
-            max_completion_tokens: Option<Value>,
-        }
-        let (mut request, limit): (ChatCompletionRequest, Option<Value>) = match body {
+        Self::from_body_boxed(body).map(|request| *request)
+    }
+
+    /// [`Self::from_body`], boxed (see [`super::parse_body_boxed`]).
+    pub fn from_body_boxed(
+        body: super::RequestBody<'_>,
+    ) -> std::result::Result<Box<Self>, RecipeError> {
+        let from_value = |value: Value| -> std::result::Result<_, RecipeError> {
+            let limit = value.get("max_completion_tokens").cloned();
+            Ok((
+                super::parse_body_boxed(super::RequestBody::Value(value))?,
+                limit,
+            ))
+        };
+        let (mut request, limit): (Box<ChatCompletionRequest>, Option<Value>) = match body {
+            // One pass: the typed fast path with the limit taken out on the way; anything it
+            // does not read goes through a value, where a repeated key's last value wins (the
+            // limit's too).
             super::RequestBody::Text(bytes) => {
-                // One pass: the typed fast path with the limit taken out on the way.
                 match read_fast(bytes, |de| de.deserialize_any(FastRequest)) {
                     Some(found) => found,
-                    None => {
-                        let request: ChatCompletionRequest =
-                            super::body::parse_value(super::RequestBody::Text(bytes))?;
-                        // The body parsed, so it is JSON: read the limit on the side.
-                        let limit = serde_json::from_slice::<CompletionLimit>(bytes)
-                            .ok()
-                            .and_then(|l| l.max_completion_tokens);
-                        (request, limit)
-                    }
+                    None => from_value(super::body::to_value(super::RequestBody::Text(bytes))?)?,
                 }
             }
-            super::RequestBody::Value(value) => {
-                let limit = value.get("max_completion_tokens").cloned();
-                (super::parse_body(super::RequestBody::Value(value))?, limit)
-            }
+            super::RequestBody::Value(value) => from_value(value)?,
         };
         // Read like `max_tokens`, with the same message for a bad value.
         request.max_completion_tokens = match limit {

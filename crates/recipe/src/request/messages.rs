@@ -422,6 +422,13 @@ impl MessagesRequest {
         super::parse_body(body)
     }
 
+    /// [`Self::from_body`], boxed (see [`super::parse_body_boxed`]).
+    pub fn from_body_boxed(
+        body: super::RequestBody<'_>,
+    ) -> std::result::Result<Box<Self>, RecipeError> {
+        super::parse_body_boxed(body)
+    }
+
     /// Declared client tools. V4 has no deferred loading: its tools are all loaded up front.
     fn tool_specs(
         &self,

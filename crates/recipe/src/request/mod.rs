@@ -14,7 +14,7 @@ pub mod responses;
 mod responses_echo;
 pub mod schema;
 
-pub use body::{parse_body, RequestBody};
+pub use body::{parse_body, parse_body_boxed, RequestBody};
 pub use options::{
     ConversionOptions, InferenceOptions, OutputConstraint, ParsingOptions,
     ReasoningContentBehavior, ThinkingInitialStage, WebSearchBehavior,

@@ -516,6 +516,13 @@ impl ResponsesRequest {
         super::parse_body(body)
     }
 
+    /// [`Self::from_body`], boxed (see [`super::parse_body_boxed`]).
+    pub fn from_body_boxed(
+        body: super::RequestBody<'_>,
+    ) -> std::result::Result<Box<Self>, RecipeError> {
+        super::parse_body_boxed(body)
+    }
+
     /// Declared tools as conversion reads them. With `all` false only what the namespace map
     /// needs is checked: names, and the members of namespaces (custom and web-search tools are
     /// neither checked nor listed).
