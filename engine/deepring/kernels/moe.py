@@ -20,6 +20,11 @@ def _group(idx: torch.Tensor, n_experts: int) -> tuple[torch.Tensor, list[int]]:
     return order, counts
 
 
+def clamped_swiglu(g: torch.Tensor, u: torch.Tensor, limit: float) -> torch.Tensor:
+    """V4's expert activation: silu(min(g, limit)) * clamp(u, -limit, limit)."""
+    return F.silu(g.clamp(max=limit)) * u.clamp(min=-limit, max=limit)
+
+
 def _moe_few_tokens(
     x: torch.Tensor,
     idx: torch.Tensor,
@@ -34,7 +39,7 @@ def _moe_few_tokens(
     flat = idx.reshape(-1)
     h = torch.bmm(gate_up[flat], x.repeat_interleave(k, 0).unsqueeze(-1)).squeeze(-1)
     g, u = h.chunk(2, dim=-1)
-    act = F.silu(g.clamp(max=limit)) * u.clamp(min=-limit, max=limit)
+    act = clamped_swiglu(g, u, limit)
     y = torch.bmm(down[flat], act.unsqueeze(-1)).squeeze(-1)
     return (y * weights.reshape(-1, 1).to(y.dtype)).view(n, k, -1).sum(1)
 
@@ -53,7 +58,7 @@ def _moe_dense(
     n = x.shape[0]
     e, i2, d = gate_up.shape
     g, u = F.linear(x, gate_up.view(e * i2, d)).view(n, e, 2, i2 // 2).unbind(2)
-    act = F.silu(g.clamp(max=limit)) * u.clamp(min=-limit, max=limit)  # [n, e, i]
+    act = clamped_swiglu(g, u, limit)  # [n, e, i]
     y = torch.bmm(act.transpose(0, 1), down.transpose(1, 2))  # [e, n, d]
     dense_w = torch.zeros(n, e, dtype=x.dtype, device=x.device)
     dense_w.scatter_add_(1, idx, weights.to(x.dtype))
@@ -89,7 +94,7 @@ def moe_experts_torch(
             continue
         seg = slice(start, start + c)
         g, u = F.linear(x[rows[seg]], gate_up[e]).chunk(2, dim=-1)
-        act = F.silu(g.clamp(max=limit)) * u.clamp(min=-limit, max=limit)
+        act = clamped_swiglu(g, u, limit)
         y_sorted[seg] = F.linear(act, down[e]) * w_sorted[seg, None].to(x.dtype)
         start += c
     y = torch.empty_like(y_sorted)

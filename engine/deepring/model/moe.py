@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from deepring.kernels.moe import moe_experts
+from deepring.kernels.moe import clamped_swiglu, moe_experts
 from deepring.model.config import HASH_MOE, ModelConfig
 from deepring.model.fused import FusedLinears
 from deepring.model.norm import linear
@@ -82,9 +82,7 @@ class SharedMLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         g, u = self._gate_up(x)
-        g = g.clamp(max=self.limit)
-        u = u.clamp(min=-self.limit, max=self.limit)
-        return self.down_proj(F.silu(g) * u)
+        return self.down_proj(clamped_swiglu(g, u, self.limit))
 
 
 class MoE(nn.Module):
