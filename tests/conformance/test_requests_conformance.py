@@ -436,3 +436,41 @@ def test_chat_prefix_rules(fmt, tools, tokenizers):
     expected = S.request_summary(official, case, tokenizers["official"])
     actual = S.request_summary(ours, case, tokenizers["ours"])
     assert_same(actual, expected, case)
+
+
+# ---------------------------------------------------------------------------------------------
+# Chat: the order of the checks around strict tools
+
+_STRICT_TOOLS = {
+    "mixed": [
+        {"type": "function", "function": {"name": "a", "parameters": {"type": "object"}}},
+        {"type": "function", "function": {"name": "b", "strict": True, "parameters": {}}},
+    ],
+    "with_format": [{"type": "function", "function": {"name": "a", "strict": True}}],
+}
+_LATER_OR_EARLIER = {
+    "empty_stop": {"stop": [""]},
+    "empty_stop_string": {"stop": ""},
+    "stream_options": {"stream_options": {"include_usage": True}},
+    "n": {"n": 2},
+    "temperature": {"temperature": 5},
+    "seed": {"seed": 2**63},
+}
+
+
+@pytest.mark.parametrize("other", sorted(_LATER_OR_EARLIER))
+@pytest.mark.parametrize("strict", sorted(_STRICT_TOOLS))
+def test_chat_strict_tool_rules_order(strict, other, tokenizers):
+    """Strict-tool errors come after `stop` and `stream_options`, before `n` and sampling."""
+    body: dict = {
+        "model": "DeepSeek-V4.1-Flash",
+        "messages": [{"role": "user", "content": "Answer in json."}],
+        "tools": _STRICT_TOOLS[strict],
+        **_LATER_OR_EARLIER[other],
+    }
+    if strict == "with_format":
+        body["response_format"] = {"type": "json_object"}
+    case = {"protocol": "chat", "body": body, "options": {}}
+    expected = S.request_summary(official, case, tokenizers["official"])
+    actual = S.request_summary(ours, case, tokenizers["ours"])
+    assert_same(actual, expected, case)

@@ -687,7 +687,7 @@ impl ChatCompletionRequest {
         let (format, format_constraint) = common::finalize_format(format_spec)?;
 
         let tool_choice = common::resolve_tool_choice(choice, &mut tools, thinking)?;
-        common::check_tool_rules(declared, &tools, &messages, &format, has_response_format)?;
+        common::check_prefix_rules(declared, &messages, &format)?;
 
         let stop = match self.stop {
             None => Vec::new(),
@@ -709,6 +709,7 @@ impl ChatCompletionRequest {
         if self.stream_options.is_some() && !stream {
             return Err(bad("stream_options should be set along with stream = true"));
         }
+        common::check_strict_rules(&tools, has_response_format)?;
         if self.n.is_some_and(|n| n != 1) {
             return Err(bad("Invalid n value (currently only n = 1 is supported)"));
         }

@@ -270,16 +270,25 @@ pub(crate) fn resolve_tool_choice(
     })
 }
 
-/// Rules on prefix continuations and strict tools: a prefix continuation comes with neither a
-/// `json_object` response format nor tools (`declared` is the tool list before `tool_choice:
-/// none` emptied it), strict and non-strict tools do not mix, and strict tools exclude a
-/// response format.
+/// Rules on prefix continuations and strict tools, in this order (Responses checks them
+/// together; Chat checks `stop` and `stream_options` in between, as the official does).
 pub(crate) fn check_tool_rules(
     declared: bool,
     tools: &[ToolDefinition],
     messages: &[Message],
     format: &ResponseFormat,
     has_response_format: bool,
+) -> Result<()> {
+    check_prefix_rules(declared, messages, format)?;
+    check_strict_rules(tools, has_response_format)
+}
+
+/// A prefix continuation comes with neither a `json_object` response format nor tools
+/// (`declared` is the tool list before `tool_choice: none` emptied it).
+pub(crate) fn check_prefix_rules(
+    declared: bool,
+    messages: &[Message],
+    format: &ResponseFormat,
 ) -> Result<()> {
     let prefix = messages
         .last()
@@ -292,6 +301,14 @@ pub(crate) fn check_tool_rules(
     if prefix && declared {
         return Err(bad("Function call should not be used with prefix"));
     }
+    Ok(())
+}
+
+/// Strict and non-strict tools do not mix, and strict tools exclude a response format.
+pub(crate) fn check_strict_rules(
+    tools: &[ToolDefinition],
+    has_response_format: bool,
+) -> Result<()> {
     let strict = tools.iter().filter(|t| t.strict == Some(true)).count();
     if strict > 0 && strict < tools.len() {
         return Err(bad(
