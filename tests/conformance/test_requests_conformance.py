@@ -474,3 +474,98 @@ def test_chat_strict_tool_rules_order(strict, other, tokenizers):
     expected = S.request_summary(official, case, tokenizers["official"])
     actual = S.request_summary(ours, case, tokenizers["ours"])
     assert_same(actual, expected, case)
+
+
+# ---------------------------------------------------------------------------------------------
+# Image parts: which error a message with several bad parts names
+
+_NOT_BASE64 = "data:image/png,abc%20"
+_BAD_BASE64 = "data:image/png;base64,@@@"
+_GOOD = "data:image/png;base64,iVBORw0KGgo="
+_BMP = "data:image/bmp;base64,AAAA"
+
+
+def _chat_image(url: str) -> dict:
+    return {"type": "image_url", "image_url": {"url": url}}
+
+
+def _chat_file(**fields: str) -> dict:
+    return {"type": "file", **fields}
+
+
+def _rs_image(url: str | None = None, file_id: str | None = None) -> dict:
+    part: dict = {"type": "input_image"}
+    if url is not None:
+        part["image_url"] = url
+    if file_id is not None:
+        part["file_id"] = file_id
+    return part
+
+
+# URLs are checked once the whole message was read; file parts, missing URLs and an
+# assistant's image are reported where they stand, so they win over an earlier bad URL.
+_CHAT_IMAGE_PARTS = {
+    "not_base64_then_bad_base64": [_chat_image(_NOT_BASE64), _chat_image(_BAD_BASE64)],
+    "bad_base64_then_not_base64": [_chat_image(_BAD_BASE64), _chat_image(_NOT_BASE64)],
+    "bmp_then_not_base64": [_chat_image(_BMP), _chat_image(_NOT_BASE64)],
+    "not_base64_then_empty_file": [_chat_image(_NOT_BASE64), _chat_file()],
+    "not_base64_then_file_id": [_chat_image(_NOT_BASE64), _chat_file(file_id="f")],
+    "not_base64_then_bad_file_data": [_chat_image(_NOT_BASE64), _chat_file(file_data="zzz")],
+    "not_base64_then_bmp_file": [_chat_image(_NOT_BASE64), _chat_file(file_data=_BMP)],
+    "good_file_then_not_base64": [_chat_file(file_data=_GOOD), _chat_image(_NOT_BASE64)],
+    "good_url_good_file_text": [
+        _chat_image(_GOOD),
+        _chat_file(file_data=_GOOD),
+        {"type": "text", "text": "x"},
+    ],
+}
+
+
+@pytest.mark.parametrize("role", ["user", "assistant"])
+@pytest.mark.parametrize("name", sorted(_CHAT_IMAGE_PARTS))
+def test_chat_image_part_errors(name, role, tokenizers):
+    body = {
+        "model": "DeepSeek-V4.1-Flash",
+        "messages": [
+            {"role": "user", "content": "hi"},
+            {"role": role, "content": _CHAT_IMAGE_PARTS[name]},
+        ],
+    }
+    case = {"protocol": "chat", "body": body, "options": {}}
+    expected = S.request_summary(official, case, tokenizers["official"])
+    actual = S.request_summary(ours, case, tokenizers["ours"])
+    assert_same(actual, expected, case)
+
+
+_RS_IMAGE_PARTS = {
+    "not_base64_then_file_id": [_rs_image(_NOT_BASE64), _rs_image(file_id="f")],
+    "bad_base64_then_file_id": [_rs_image(_BAD_BASE64), _rs_image(file_id="f")],
+    "bmp_then_file_id": [_rs_image(_BMP), _rs_image(file_id="f")],
+    "not_base64_then_empty_url": [_rs_image(_NOT_BASE64), _rs_image("")],
+    "not_base64_then_bad_base64": [_rs_image(_NOT_BASE64), _rs_image(_BAD_BASE64)],
+    "empty_url_and_file_id": [_rs_image("", "f")],
+    "empty_file_id": [_rs_image(file_id="")],
+    "good_then_file_id": [_rs_image(_GOOD), _rs_image(file_id="f")],
+    "not_base64_alone": [_rs_image(_NOT_BASE64)],
+}
+
+
+@pytest.mark.parametrize("where", ["user", "assistant", "tool_output"])
+@pytest.mark.parametrize("name", sorted(_RS_IMAGE_PARTS))
+def test_responses_image_part_errors(name, where, tokenizers):
+    parts = _RS_IMAGE_PARTS[name]
+    if where == "tool_output":
+        items = [
+            {"type": "function_call", "call_id": "c1", "name": "f", "arguments": "{}"},
+            {"type": "function_call_output", "call_id": "c1", "output": parts},
+        ]
+    else:
+        items = [
+            {"role": "user", "content": [{"type": "input_text", "text": "hi"}]},
+            {"role": where, "content": parts},
+        ]
+    body = {"model": "DeepSeek-V4.1-Flash", "input": items}
+    case = {"protocol": "responses", "body": body, "options": {}}
+    expected = S.request_summary(official, case, tokenizers["official"])
+    actual = S.request_summary(ours, case, tokenizers["ours"])
+    assert_same(actual, expected, case)

@@ -770,12 +770,20 @@ fn check_penalty(name: &str, value: Option<f32>) -> Result<()> {
 /// image token) and collects the images.
 struct ContentBuilder<'a> {
     text: BlockText,
-    images: Vec<ImageSource>,
+    images: Vec<PendingImage>,
     image_token: &'a str,
     /// V4-Pro has no vision: every image or file becomes a text placeholder, unchecked.
     vision: bool,
     /// The message's index; its path is formatted only for an image or an error.
     index: usize,
+}
+
+/// An image of a message being read. An `image_url` is checked only once the whole message was
+/// read (a later part's error, or an assistant's image, is reported first, as the official
+/// does); a `file` part is checked where it stands.
+enum PendingImage {
+    Ready(ImageSource),
+    Url(String, ImageDetail),
 }
 
 /// What a V4-Pro prompt shows in place of an image.
@@ -800,9 +808,29 @@ impl<'a> ContentBuilder<'a> {
         bad(format!("{}: {message}", self.path()))
     }
 
-    fn push_image(&mut self, data: ImageData, detail: ImageDetail) {
-        self.images.push(images::source(data, detail, &self.path()));
+    fn push_image(&mut self, image: PendingImage) {
+        self.images.push(image);
         self.text.push_image(self.image_token);
+    }
+
+    /// The image an `image_url` names, checked.
+    fn url_image(&self, url: String, detail: ImageDetail) -> Result<ImageSource> {
+        if images::is_http_url(&url) {
+            return Ok(images::source(ImageData::Url(url), detail, &self.path()));
+        }
+        if !images::is_data_url(&url) {
+            return Err(self.error("Unsupported image_url format"));
+        }
+        match images::check_data_url(&url) {
+            Ok(()) => Ok(images::source(
+                ImageData::DataUrl(url),
+                detail,
+                &self.path(),
+            )),
+            Err(DataUrlError::NotBase64DataUrl) => Err(self.error("Unsupported image_url format")),
+            Err(DataUrlError::UnsupportedType) => Err(self.error(UNSUPPORTED_IMAGE)),
+            Err(DataUrlError::BadBase64) => Err(self.error("Invalid base64 data")),
+        }
     }
 
     fn add(&mut self, content: Content) -> Result<()> {
@@ -821,31 +849,20 @@ impl<'a> ContentBuilder<'a> {
                     let detail = image_url
                         .detail
                         .map_or(ImageDetail::High, ImageDetail::from);
-                    let url = image_url.url;
-                    if images::is_http_url(&url) {
-                        self.push_image(ImageData::Url(url), detail);
-                    } else if images::is_data_url(&url) {
-                        match images::check_data_url(&url) {
-                            Ok(()) => self.push_image(ImageData::DataUrl(url), detail),
-                            Err(DataUrlError::NotBase64DataUrl) => {
-                                return Err(self.error("Unsupported image_url format"))
-                            }
-                            Err(DataUrlError::UnsupportedType) => {
-                                return Err(self.error(UNSUPPORTED_IMAGE))
-                            }
-                            Err(DataUrlError::BadBase64) => {
-                                return Err(self.error("Invalid base64 data"))
-                            }
-                        }
-                    } else {
-                        return Err(self.error("Unsupported image_url format"));
-                    }
+                    self.push_image(PendingImage::Url(image_url.url, detail));
                 }
                 ChatCompletionRequestContentBlock::File { file_id, file_data } => {
                     // deepseek-recipe reads these at the block's top level, not under `file`.
                     if let Some(data) = file_data {
                         match images::check_data_url(&data) {
-                            Ok(()) => self.push_image(ImageData::DataUrl(data), ImageDetail::High),
+                            Ok(()) => {
+                                let source = images::source(
+                                    ImageData::DataUrl(data),
+                                    ImageDetail::High,
+                                    &self.path(),
+                                );
+                                self.push_image(PendingImage::Ready(source));
+                            }
                             Err(DataUrlError::UnsupportedType) => {
                                 return Err(self.error(UNSUPPORTED_FILE))
                             }
@@ -866,9 +883,22 @@ impl<'a> ContentBuilder<'a> {
         Ok(())
     }
 
-    fn into_message(self, role: Role) -> Message {
+    fn into_message(mut self, role: Role) -> Result<Message> {
+        let pending = std::mem::take(&mut self.images);
+        let mut sources = Vec::with_capacity(pending.len());
+        for image in pending {
+            sources.push(match image {
+                PendingImage::Ready(source) => source,
+                PendingImage::Url(url, detail) => self.url_image(url, detail)?,
+            });
+        }
         let (text, placeholders) = self.text.finish();
-        Message::with_placeholders(role, text, self.images, placeholders)
+        Ok(Message::with_placeholders(
+            role,
+            text,
+            sources,
+            placeholders,
+        ))
     }
 }
 
@@ -903,11 +933,11 @@ fn convert_messages(
                 if builder.text.is_empty() {
                     continue;
                 }
-                builder.into_message(Role::System)
+                builder.into_message(Role::System)?
             }
             ChatCompletionRequestMessage::User { content, .. } => {
                 builder.add(content)?;
-                builder.into_message(Role::User)
+                builder.into_message(Role::User)?
             }
             ChatCompletionRequestMessage::LatestReminder { content } => {
                 Message::latest_reminder(content)
@@ -934,7 +964,7 @@ fn convert_messages(
                     }
                 }
                 builder.add(content)?;
-                let mut m = builder.into_message(Role::Tool);
+                let mut m = builder.into_message(Role::Tool)?;
                 m.tool_call_id = Some(tool_call_id);
                 m
             }

@@ -1040,29 +1040,41 @@ impl InputState<'_> {
         }
     }
 
-    fn image(
-        &self,
-        path: &str,
+    /// The image URL of an `input_image` part; errors at once (with the part's path) when it has
+    /// none. An empty URL counts as none and a `file_id` is refused even when empty, as the
+    /// official's checks read.
+    fn image_url<'u>(
         part_path: &str,
-        image_url: &Option<String>,
+        image_url: &'u Option<String>,
         file_id: &Option<String>,
-        detail: Option<WireDetail>,
-    ) -> Result<ImageSource> {
+    ) -> Result<&'u str> {
+        match image_url {
+            Some(url) if !url.is_empty() => Ok(url),
+            _ if file_id.is_some() => Err(bad(format!(
+                "{part_path}: file_id is not supported. Pass the image as a base64 data url instead."
+            ))),
+            _ => Err(bad(format!(
+                "{part_path}: input_image must have image_url or file_id"
+            ))),
+        }
+    }
+
+    /// The image an URL names, checked (with the item's path). Runs after all parts of an item
+    /// were read: a later part's missing URL or file_id is reported before an earlier URL's
+    /// format, as the official does.
+    fn image_source(path: &str, url: &str, detail: Option<WireDetail>) -> Result<ImageSource> {
         let detail = detail.map_or(ImageDetail::High, ImageDetail::from);
-        let Some(url) = image_url else {
-            return Err(bad(if file_id.is_some() {
-                format!("{part_path}: file_id is not supported. Pass the image as a base64 data url instead.")
-            } else {
-                format!("{part_path}: input_image must have image_url or file_id")
-            }));
-        };
         if images::is_http_url(url) {
-            return Ok(images::source(ImageData::Url(url.clone()), detail, path));
+            return Ok(images::source(
+                ImageData::Url(url.to_string()),
+                detail,
+                path,
+            ));
         }
         if images::is_data_url(url) {
             return match images::check_data_url(url) {
                 Ok(()) => Ok(images::source(
-                    ImageData::DataUrl(url.clone()),
+                    ImageData::DataUrl(url.to_string()),
                     detail,
                     path,
                 )),
@@ -1076,6 +1088,15 @@ impl InputState<'_> {
             };
         }
         Err(bad(format!("{path}: Unsupported image_url format")))
+    }
+
+    fn image_sources(
+        path: &str,
+        urls: Vec<(&str, Option<WireDetail>)>,
+    ) -> Result<Vec<ImageSource>> {
+        urls.into_iter()
+            .map(|(url, detail)| Self::image_source(path, url, detail))
+            .collect()
     }
 
     fn content(
@@ -1093,7 +1114,7 @@ impl InputState<'_> {
             ItemContent::Parts(p) => p,
         };
         let path = format!("input[{i}]");
-        let mut imgs = Vec::new();
+        let mut urls = Vec::new();
         for (j, part) in parts.iter().enumerate() {
             match part {
                 ResponsesContentBlock::InputText { text }
@@ -1108,18 +1129,18 @@ impl InputState<'_> {
                     detail,
                 } => {
                     let part_path = format!("{path}.content[{j}]");
-                    let source = self.image(&path, &part_path, image_url, file_id, *detail)?;
-                    if assistant {
-                        return Err(bad(format!(
-                            "{path}: Image in assistant message is unsupported"
-                        )));
-                    }
-                    imgs.push(source);
+                    urls.push((Self::image_url(&part_path, image_url, file_id)?, *detail));
                     texts.push_image(self.image_token);
                 }
             }
         }
-        Ok((texts, imgs))
+        // After the parts: an assistant's image is refused before any URL is looked at.
+        if assistant && !urls.is_empty() {
+            return Err(bad(format!(
+                "{path}: Image in assistant message is unsupported"
+            )));
+        }
+        Ok((texts, Self::image_sources(&path, urls)?))
     }
 
     fn output_content(
@@ -1136,7 +1157,7 @@ impl InputState<'_> {
             ToolOutput::Parts(p) => p,
         };
         let path = format!("input[{i}]");
-        let mut imgs = Vec::new();
+        let mut urls = Vec::new();
         for (j, part) in parts.iter().enumerate() {
             match part {
                 ResponsesToolCallOutputItem::InputText { text } => texts.push_text(text),
@@ -1152,11 +1173,11 @@ impl InputState<'_> {
                     detail,
                 } => {
                     let part_path = format!("{path}.output[{j}]");
-                    imgs.push(self.image(&path, &part_path, image_url, file_id, *detail)?);
+                    urls.push((Self::image_url(&part_path, image_url, file_id)?, *detail));
                     texts.push_image(self.image_token);
                 }
             }
         }
-        Ok((texts, imgs))
+        Ok((texts, Self::image_sources(&path, urls)?))
     }
 }
