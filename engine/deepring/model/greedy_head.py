@@ -88,8 +88,9 @@ class Bf16GreedyHead:
             tile_max = torch.cat([tile_max, approx[:, whole:].amax(-1, keepdim=True)], 1)
         tile_max = tile_max.float()
         best = tile_max.amax(-1)
-        y16n = torch.linalg.vector_norm(y16.float(), dim=-1)
-        lo_n = torch.linalg.vector_norm(y - y16.float(), dim=-1)
+        y16f = y16.float()
+        y16n = torch.linalg.vector_norm(y16f, dim=-1)
+        lo_n = torch.linalg.vector_norm(y - y16f, dim=-1)
         a = y16n * self.res_max + lo_n * self.w_max + y.shape[1] * 2.0**-23 * y16n * self.w16_max
         # Token j can be the fp32 argmax only if approx_j + e_j >= best - e_best, with
         # e = a + u'|approx|; x + u'|x| grows with x, so this is approx_j >= thr.

@@ -48,9 +48,6 @@ class StepOutput:
 _GREEDY_TILE = 16384
 # Up to this many rows the whole logits matrix is small and one GEMM is faster than tiles.
 _GREEDY_FULL_ROWS = 16
-# From this many rows the bf16 head (model.greedy_head) beats the fp32 GEMM on a CPU with fast
-# bf16 GEMMs (AMX / AVX512-BF16); with its weight pre-packed that is from one row on.
-_BF16_HEAD_ROWS = 1
 
 
 class DeepseekV4(nn.Module):
@@ -81,19 +78,16 @@ class DeepseekV4(nn.Module):
         y = self.model.norm(self.model.hc_head(h))
         return self.lm_head(y).float()
 
-    def _bf16_head_applies(self, rows: int) -> bool:
+    def _bf16_head_applies(self) -> bool:
+        """The bf16 head (model.greedy_head) beats the fp32 GEMM from one row on, on a CPU with
+        native bf16 GEMMs (AMX / AVX512-BF16), its weight pre-packed."""
         w = self.lm_head.weight
-        return (
-            rows >= _BF16_HEAD_ROWS
-            and w.dtype == torch.float32
-            and w.device.type == "cpu"
-            and cpu_bf16_is_fast()
-        )
+        return w.dtype == torch.float32 and w.device.type == "cpu" and cpu_bf16_is_fast()
 
     def prepare_greedy_head(self) -> None:
         """Build the bf16 head's weight copy now (~0.1 s for a 129k vocabulary) rather than in
         the first batched greedy step."""
-        if self._bf16_head_applies(_BF16_HEAD_ROWS):
+        if self._bf16_head_applies():
             self._bf16_head.prepare(self.lm_head.weight)
 
     def greedy_tokens(self, h: torch.Tensor) -> torch.Tensor:
@@ -101,7 +95,7 @@ class DeepseekV4(nn.Module):
         the LM head runs tile by tile over the vocabulary with a running maximum."""
         y = self.model.norm(self.model.hc_head(h))
         w = self.lm_head.weight
-        if self._bf16_head_applies(y.shape[0]):
+        if y.shape[0] and self._bf16_head_applies():
             return self._bf16_head.argmax(y, w)
         if y.shape[0] <= _GREEDY_FULL_ROWS:
             # Few rows: one mat-vec over the whole vocabulary beats tiles (measured on CPU).
