@@ -10,7 +10,7 @@ use super::body::{read_fast, Key};
 use super::common::{
     self, bad, BlockText, ChoiceSpec, Effort, FormatSpec, Resolved, Result, ToolSpec,
 };
-use super::images::{self, DataUrlError, UNSUPPORTED_FILE, UNSUPPORTED_IMAGE};
+use super::images::{self, DataUrlError, UNSUPPORTED_FILE};
 use super::options::ConversionOptions;
 use super::ConversationRequest;
 use crate::conversation::{ImageData, ImageDetail, ImageSource, Message, Role, ToolCall};
@@ -814,23 +814,9 @@ impl<'a> ContentBuilder<'a> {
     }
 
     /// The image an `image_url` names, checked.
-    fn url_image(&self, url: String, detail: ImageDetail) -> Result<ImageSource> {
-        if images::is_http_url(&url) {
-            return Ok(images::source(ImageData::Url(url), detail, &self.path()));
-        }
-        if !images::is_data_url(&url) {
-            return Err(self.error("Unsupported image_url format"));
-        }
-        match images::check_data_url(&url) {
-            Ok(()) => Ok(images::source(
-                ImageData::DataUrl(url),
-                detail,
-                &self.path(),
-            )),
-            Err(DataUrlError::NotBase64DataUrl) => Err(self.error("Unsupported image_url format")),
-            Err(DataUrlError::UnsupportedType) => Err(self.error(UNSUPPORTED_IMAGE)),
-            Err(DataUrlError::BadBase64) => Err(self.error("Invalid base64 data")),
-        }
+    fn url_image(&self, url: &str, detail: ImageDetail) -> Result<ImageSource> {
+        let data = images::url_image_data(url).map_err(|m| self.error(m))?;
+        Ok(images::source(data, detail, &self.path()))
     }
 
     fn add(&mut self, content: Content) -> Result<()> {
@@ -889,7 +875,7 @@ impl<'a> ContentBuilder<'a> {
         for image in pending {
             sources.push(match image {
                 PendingImage::Ready(source) => source,
-                PendingImage::Url(url, detail) => self.url_image(url, detail)?,
+                PendingImage::Url(url, detail) => self.url_image(&url, detail)?,
             });
         }
         let (text, placeholders) = self.text.finish();

@@ -113,6 +113,23 @@ fn strip_prefix_ignore_case<'a>(s: &'a str, prefix: &str) -> Option<&'a str> {
         .then(|| &s[prefix.len()..])
 }
 
+/// What an `image_url` names (an http(s) URL or a valid base64 data URL), or the official's
+/// message for one it refuses (Chat and Responses word these alike).
+pub(crate) fn url_image_data(url: &str) -> Result<ImageData, &'static str> {
+    if is_http_url(url) {
+        return Ok(ImageData::Url(url.to_string()));
+    }
+    if !is_data_url(url) {
+        return Err("Unsupported image_url format");
+    }
+    match check_data_url(url) {
+        Ok(()) => Ok(ImageData::DataUrl(url.to_string())),
+        Err(DataUrlError::NotBase64DataUrl) => Err("Unsupported image_url format"),
+        Err(DataUrlError::UnsupportedType) => Err(UNSUPPORTED_IMAGE),
+        Err(DataUrlError::BadBase64) => Err("Invalid base64 data"),
+    }
+}
+
 pub(crate) fn source(data: ImageData, detail: ImageDetail, path: &str) -> ImageSource {
     ImageSource {
         data,

@@ -7,12 +7,10 @@ use serde_json::{json, Value};
 use super::common::{
     self, bad, BlockText, ChoiceSpec, Effort, FormatSpec, Resolved, Result, ToolSpec,
 };
-use super::images::{self, DataUrlError, UNSUPPORTED_IMAGE};
+use super::images;
 use super::options::{ConversionOptions, WebSearchBehavior};
 use super::ConversationRequest;
-use crate::conversation::{
-    ImageData, ImageDetail, ImageSource, Message, ResponseFormat, Role, ToolCall,
-};
+use crate::conversation::{ImageDetail, ImageSource, Message, ResponseFormat, Role, ToolCall};
 use crate::error::{ConversionError, RecipeError};
 use crate::render::ModelVersion;
 use crate::request::chat::WireDetail;
@@ -1064,30 +1062,8 @@ impl InputState<'_> {
     /// format, as the official does.
     fn image_source(path: &str, url: &str, detail: Option<WireDetail>) -> Result<ImageSource> {
         let detail = detail.map_or(ImageDetail::High, ImageDetail::from);
-        if images::is_http_url(url) {
-            return Ok(images::source(
-                ImageData::Url(url.to_string()),
-                detail,
-                path,
-            ));
-        }
-        if images::is_data_url(url) {
-            return match images::check_data_url(url) {
-                Ok(()) => Ok(images::source(
-                    ImageData::DataUrl(url.to_string()),
-                    detail,
-                    path,
-                )),
-                Err(DataUrlError::NotBase64DataUrl) => {
-                    Err(bad(format!("{path}: Unsupported image_url format")))
-                }
-                Err(DataUrlError::UnsupportedType) => {
-                    Err(bad(format!("{path}: {UNSUPPORTED_IMAGE}")))
-                }
-                Err(DataUrlError::BadBase64) => Err(bad(format!("{path}: Invalid base64 data"))),
-            };
-        }
-        Err(bad(format!("{path}: Unsupported image_url format")))
+        let data = images::url_image_data(url).map_err(|m| bad(format!("{path}: {m}")))?;
+        Ok(images::source(data, detail, path))
     }
 
     fn image_sources(
