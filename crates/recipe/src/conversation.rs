@@ -129,6 +129,9 @@ impl Message {
                 "image_token must not be empty".into(),
             ));
         }
+        if images.is_empty() {
+            return Ok(self); // nothing to place: skip building a substring searcher
+        }
         self.image_placeholders = self
             .content
             .match_indices(image_token)

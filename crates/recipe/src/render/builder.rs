@@ -14,7 +14,8 @@ impl<'a> PromptBuilder<'a> {
     pub fn new(tokens: &'a SpecialTokens, capacity: usize) -> Self {
         PromptBuilder {
             prompt: String::with_capacity(capacity),
-            ranges: Vec::new(),
+            // A 1-turn prompt has about six special tokens: room for them without regrowing.
+            ranges: Vec::with_capacity(8),
             images: Vec::new(),
             tokens,
         }

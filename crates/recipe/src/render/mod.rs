@@ -241,7 +241,7 @@ impl Renderer<'_> {
 
     fn turns(&mut self, turns: &[(usize, &Message)]) {
         // Consecutive user and tool messages form one user turn.
-        let mut user_turn: Vec<&Message> = Vec::new();
+        let mut user_turn: Vec<&Message> = Vec::with_capacity(4);
         let mut prev: Option<Role> = None;
         let last = turns.len().saturating_sub(1);
         for (i, &(index, m)) in turns.iter().enumerate() {

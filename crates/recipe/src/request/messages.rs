@@ -603,6 +603,12 @@ impl Walk<'_> {
     fn message(&mut self, i: usize, message: &MessagesMessage) -> Result<()> {
         let owned;
         let blocks: &[MessagesContentBlock] = match message.content() {
+            // The common case: a user turn as plain text, one message without a block copy.
+            TextOrList::Text(s) if message.role() == MessageRole::User => {
+                self.check_answered(i)?;
+                self.out.push(plain(Role::User, s.clone()));
+                return Ok(());
+            }
             TextOrList::Text(s) => {
                 owned = [MessagesContentBlock::Text { text: s.clone() }];
                 &owned
@@ -662,10 +668,10 @@ impl Walk<'_> {
                 continue;
             }
             self.check_answered(i)?;
-            let path = format!("messages.{i}.content[{j}]");
             let message = match block {
                 MessagesContentBlock::Text { text } => plain(Role::User, text.clone()),
                 MessagesContentBlock::Image { source } => {
+                    let path = format!("messages.{i}.content[{j}]");
                     let (text, images) = self.image(source, &path, &path)?;
                     let span = vec![(0, text.len())];
                     if images.is_empty() {
@@ -772,10 +778,10 @@ impl Walk<'_> {
         let mut images = Vec::new();
         let mut added: Vec<String> = Vec::new();
         for (j, block) in blocks.iter().enumerate() {
-            let path = format!("messages.{i}.content[{j}]");
             match block {
                 MessagesContentBlock::Text { text: t } => text.push_text(t),
                 MessagesContentBlock::Image { source } => {
+                    let path = format!("messages.{i}.content[{j}]");
                     let image = self.image(source, &path, &path)?;
                     add_image(&mut text, &mut images, image);
                 }

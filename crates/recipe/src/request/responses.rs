@@ -755,7 +755,7 @@ impl ResponsesRequest {
     }
 
     fn convert_input(&self, image_token: &str, vision: bool) -> Result<Vec<Message>> {
-        let mut out: Vec<Message> = Vec::new();
+        let mut out: Vec<Message> = Vec::with_capacity(2);
         if let Some(instructions) = self.instructions.as_ref().filter(|s| !s.is_empty()) {
             out.push(
                 Message::system(instructions.clone(), Vec::new(), None, image_token)
