@@ -51,6 +51,43 @@ def test_the_last_partial_tile_can_win():
     assert Bf16GreedyHead().argmax(y, w).tolist() == [34] * 3
 
 
+def test_rows_whose_logits_are_all_negative_or_mixed_in_sign():
+    # The max pass orders bf16 values by their bits, which reverses the order of negative
+    # values: rows with every logit negative, tiles with negative values only, and -0.0.
+    g = torch.Generator().manual_seed(4)
+    w = torch.randn(1003, 32, generator=g)
+    y = torch.randn(6, 32, generator=g)
+    w_neg = w.clone()
+    w_neg[:, 0] = -w_neg.abs().sum(-1) - 1.0  # with y[:, 0] = 1 below: every logit < 0
+    y_neg = y.clone()
+    y_neg[:, 0] = 1.0
+    y_neg[:, 1:] *= 0.01
+    head = Bf16GreedyHead()
+    assert (F.linear(y_neg, w_neg) < 0).all()
+    assert torch.equal(head.argmax(y_neg, w_neg), _fp32_argmax(y_neg, w_neg))
+    w_half = w.clone()
+    w_half[:500] = -w_half[:500].abs()  # the first tiles' logits mostly negative
+    y_pos = y.abs()
+    assert torch.equal(Bf16GreedyHead().argmax(y_pos, w_half), _fp32_argmax(y_pos, w_half))
+    # The fp32 winner's bf16 logit is negative and every other token of its tile is too, while
+    # the bf16 maximum (another tile) is positive: its tile must still be searched.
+    # Tiles are strided: with 32 tokens, tile 0 holds the even ones and tile 1 the odd ones.
+    y1 = torch.tensor([[1.0035, 1, 1, 1, 1, 1, 1, 1]])  # bf16: [1, 1, ...]
+    w1 = -torch.ones(32, 8)
+    w1[0] = 0.0
+    w1[0, 2] = 2.0**-11  # token 0: bf16 and fp32 logit 2^-11
+    w1[1] = 0.0
+    w1[1, :3] = torch.tensor([1.0, -1.0, -(2.0**-10)])  # fp32 0.0025, bf16 -2^-10
+    assert F.linear(y1.to(torch.bfloat16), w1.to(torch.bfloat16))[0, 1] < 0
+    assert _fp32_argmax(y1, w1).tolist() == [1]
+    assert Bf16GreedyHead().argmax(y1, w1).tolist() == [1]
+    w_zero = torch.zeros(40, 8)
+    w_zero[:20] = -1.0
+    w_zero[31] = -0.0
+    # Logits are -8 (tokens 0..19) and 0 (the rest): the first 0 wins.
+    assert Bf16GreedyHead().argmax(torch.ones(2, 8), w_zero).tolist() == [20, 20]
+
+
 def test_non_finite_rows_fall_back_to_fp32():
     g = torch.Generator().manual_seed(3)
     w = torch.randn(200, 16, generator=g)

@@ -7,9 +7,50 @@ it is visible when p' > pos - window. Compressed keys as in prefill attention. S
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from deepring.kernels.dispatch import HAVE_TRITON, next_pow2, use_triton
+
+
+@dataclass
+class DecodePlan:
+    """What the torch path needs that depends on the batch but not on the layer, so a step
+    builds it once for all layers of the same shape (a decode step is a few hundred tiny ops;
+    these were a third of attention's)."""
+
+    ring_rows: torch.Tensor | tuple[int, int]  # slot per request, or (first, n) if consecutive
+    hidden: torch.Tensor  # [B, 1, ring_len + 1 (+ N dense entries)] bool: key not visible
+    dense_at: tuple[torch.Tensor, torch.Tensor] | None  # (block, entry) of the dense entries
+
+
+def decode_plan(
+    positions: torch.Tensor,
+    slots: torch.Tensor,
+    block_tables: torch.Tensor,
+    ring_len: int,
+    window: int,
+    dense: tuple[int, int] | None,
+) -> DecodePlan:
+    """dense: (comp_ratio, entries per block) when every causal compressed entry is attended
+    (HCA); None without compressed entries or with a per-row top-k (CSA)."""
+    b = positions.shape[0]
+    p = positions[:, None]
+    i = torch.arange(ring_len, device=positions.device)
+    ring_pos = (p - 1) - torch.remainder(p - 1 - i, ring_len)
+    visible = [(ring_pos >= 0) & (ring_pos > p - window), torch.ones_like(p, dtype=torch.bool)]
+    dense_at = None
+    if dense is not None:
+        ratio, epb = dense
+        n = (positions + 1) // ratio
+        e = torch.arange(int(n.max()) if b else 0, device=positions.device).expand(b, -1)
+        dense_at = (block_tables.gather(1, e // epb), e % epb)
+        visible.append(e < n[:, None])
+    hidden = ~torch.cat(visible, 1)[:, None, :]
+    first = int(slots[0]) if b else 0
+    consecutive = b == 1 or (b > 0 and bool((slots.diff() == 1).all()))
+    return DecodePlan((first, b) if consecutive else slots, hidden, dense_at)
 
 
 def decode_attention_torch(
@@ -25,51 +66,43 @@ def decode_attention_torch(
     sinks: torch.Tensor,
     scale: float,
     window: int,
+    plan: DecodePlan | None = None,
 ) -> torch.Tensor:
-    """q: [B, H, D]; kv: [B, D]; positions/slots: [B]; comp_idx: [B, K] or None."""
+    """q: [B, H, D]; kv: [B, D]; positions/slots: [B]; comp_idx: [B, K] or None. `plan`: what
+    decode_plan gives for these positions, slots and tables (built here when not given)."""
     b, h, _ = q.shape
-    ring_len = ring.shape[1]
-    p = positions[:, None]
-    i = torch.arange(ring_len, device=q.device)
-    ring_pos = (p - 1) - torch.remainder(p - 1 - i, ring_len)
+    if plan is None:
+        dense = (comp_ratio, comp.shape[1]) if comp is not None and comp_idx is None else None
+        plan = decode_plan(positions, slots, block_tables, ring.shape[1], window, dense)
+    f32 = torch.float32
+    rows = plan.ring_rows
     # Key groups are scored and summed one by one rather than concatenated: the scores are a
     # small fraction of the keys' size, so nothing key-sized is copied (the ring not at all
     # when the slots are consecutive).
-    groups = [_slot_rows(ring, slots), kv[:, None]]
-    masks = [(ring_pos >= 0) & (ring_pos > p - window), torch.ones_like(p, dtype=torch.bool)]
-    if comp is not None:
+    groups = [ring[rows[0] : rows[0] + rows[1]] if isinstance(rows, tuple) else ring[rows]]
+    groups.append(kv[:, None])
+    hidden = plan.hidden
+    if comp is not None and comp_idx is not None:
         epb = comp.shape[1]
-        if comp_idx is not None:
-            e, cm = comp_idx.clamp(min=0), comp_idx >= 0
-        else:
-            n = (positions + 1) // comp_ratio
-            e = torch.arange(int(n.max()) if b else 0, device=q.device).expand(b, -1)
-            cm = e < n[:, None]
-        blk = block_tables.gather(1, e // epb)
-        groups.append(comp[blk, e % epb])
-        masks.append(cm)
-    groups = [g.float() for g in groups]
-    qf = q.float()
+        e = comp_idx.clamp(min=0)
+        groups.append(comp[block_tables.gather(1, e // epb), e % epb])
+        hidden = torch.cat([hidden, (comp_idx < 0)[:, None, :]], -1)
+    elif comp is not None:
+        groups.append(comp[plan.dense_at])
+    groups = [g if g.dtype == f32 else g.float() for g in groups]
+    qs = q.float() * scale
+    # The sink is one more logit in the softmax, with no value attached.
+    sink = (sinks if sinks.dtype == f32 else sinks.float()).view(1, h, 1).expand(b, h, 1)
     # bmm rather than einsum: at decode sizes einsum's planning costs more than the GEMM on CPU.
-    sc = torch.cat([torch.bmm(qf, g.transpose(1, 2)) for g in groups], -1).mul_(scale)
-    sc.masked_fill_(~torch.cat(masks, 1)[:, None, :], float("-inf"))
-    sc = torch.cat([sc, sinks.float().view(1, h, 1).expand(b, h, 1)], -1)
+    sc = torch.cat([torch.bmm(qs, g.transpose(1, 2)) for g in groups] + [sink], -1)
+    sc[..., :-1].masked_fill_(hidden, float("-inf"))
     prob = torch.softmax(sc, -1)
-    out = None
-    at = 0
-    for g in groups:
-        part = torch.bmm(prob[..., at : at + g.shape[1]], g)
-        out = part if out is None else out.add_(part)
+    out = torch.bmm(prob[..., : groups[0].shape[1]], groups[0])
+    at = groups[0].shape[1]
+    for g in groups[1:]:
+        out.baddbmm_(prob[..., at : at + g.shape[1]], g)
         at += g.shape[1]
-    return out.to(q.dtype)
-
-
-def _slot_rows(ring: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
-    """ring[slots], as a view when the slots are consecutive (no copy)."""
-    first = int(slots[0]) if slots.numel() else 0
-    if slots.numel() == 1 or (slots.numel() and bool((slots.diff() == 1).all())):
-        return ring[first : first + slots.numel()]
-    return ring[slots]
+    return out if out.dtype == q.dtype else out.to(q.dtype)
 
 
 if HAVE_TRITON:
@@ -204,19 +237,10 @@ def decode_attention(
     sinks: torch.Tensor,
     scale: float,
     window: int,
+    plan: DecodePlan | None = None,
 ) -> torch.Tensor:
-    fn = decode_attention_triton if use_triton(q) else decode_attention_torch
-    return fn(
-        q,
-        kv,
-        ring,
-        comp,
-        positions,
-        slots,
-        block_tables,
-        comp_idx,
-        comp_ratio,
-        sinks,
-        scale,
-        window,
-    )
+    """`plan` (torch path only): decode_plan's result for this batch, shared across layers."""
+    args = (q, kv, ring, comp, positions, slots, block_tables, comp_idx, comp_ratio, sinks)
+    if use_triton(q):
+        return decode_attention_triton(*args, scale, window)
+    return decode_attention_torch(*args, scale, window, plan)

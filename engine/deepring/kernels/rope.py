@@ -78,9 +78,42 @@ def apply_rope_triton(
     return y.view(x.shape)
 
 
+def rope_cis(cos: torch.Tensor, sin: torch.Tensor, inverse: bool, dim: int) -> torch.Tensor:
+    """The rotations exp(+-i*angle) as complex64, shaped to broadcast over x of `dim` dims."""
+    view = (cos.shape[0],) + (1,) * (dim - 2) + (cos.shape[-1],)
+    return torch.complex(cos.float(), -sin.float() if inverse else sin.float()).view(view)
+
+
+def _rotate_in_place(
+    x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, inverse: bool, cis: torch.Tensor | None
+) -> torch.Tensor | None:
+    """Rotate x's rope channels in place through a complex view (x fp32, pair-aligned), or None
+    where x does not allow it. A third of the torch ops of the copying path: a decode step of a
+    small model calls RoPE a dozen times, and each op costs more than its arithmetic."""
+    if x.dtype != torch.float32 or x.stride(-1) != 1:
+        return None
+    seg = x[..., x.shape[-1] - 2 * cos.shape[-1] :]
+    if seg.storage_offset() % 2 or any(st % 2 for st in seg.stride()[:-1]):
+        return None
+    if cis is None:
+        cis = rope_cis(cos, sin, inverse, x.dim())
+    torch.view_as_complex(seg.unflatten(-1, (-1, 2))).mul_(cis)
+    return x
+
+
 def apply_rope(
-    x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, inverse: bool = False
+    x: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    inverse: bool = False,
+    inplace: bool = False,
+    cis: torch.Tensor | None = None,
 ) -> torch.Tensor:
+    """`inplace=True`: x is the caller's to overwrite (a fresh projection or output); the torch
+    path then rotates it in place where it can, with `cis` = rope_cis(cos, sin, inverse,
+    x.dim()) if the caller has it. The result is the same either way."""
     if use_triton(x):
         return apply_rope_triton(x, cos, sin, inverse)
+    if inplace and (done := _rotate_in_place(x, cos, sin, inverse, cis)) is not None:
+        return done
     return apply_rope_torch(x, cos, sin, inverse)

@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from deepring.cache.pool import LayerCache
-from deepring.kernels.attention_decode import decode_attention
+from deepring.kernels.attention_decode import DecodePlan, decode_attention, decode_plan
 from deepring.kernels.attention_prefill import prefill_attention
 from deepring.kernels.dispatch import use_triton
 from deepring.kernels.rmsnorm import rms_norm
@@ -51,8 +51,10 @@ class Attention(nn.Module):
         proj = self._in_proj(x)
         q_lora = self.q_a_norm(proj[0])
         q = rms_norm(self.q_b_proj(q_lora).view(t, self.heads, self.head_dim), None, self.eps)
-        q = apply_rope(q, cos, sin)
-        kv = apply_rope(self.kv_norm(proj[1]), cos, sin)
+        kind = self.rope_kind
+        q = apply_rope(q, cos, sin, inplace=True, cis=batch.rope_cis(kind, False, 3))
+        kv = self.kv_norm(proj[1])
+        kv = apply_rope(kv, cos, sin, inplace=True, cis=batch.rope_cis(kind, False, 2))
 
         comp_idx = None
         if self.compressor is not None:
@@ -62,11 +64,24 @@ class Attention(nn.Module):
         rows, dest = batch.tail_rows(cache.ring.shape[1])
         cache.ring.view(-1, self.head_dim)[dest] = kv[rows].to(cache.ring.dtype)
 
-        out = apply_rope(out, cos, sin, inverse=True)
+        out = apply_rope(out, cos, sin, True, inplace=True, cis=batch.rope_cis(kind, True, 3))
         grouped = out.reshape(t, self.groups, -1)
         w = self.o_a_proj.weight.view(self.groups, -1, grouped.shape[-1])
         mixed = torch.bmm(grouped.transpose(0, 1), w.transpose(1, 2)).transpose(0, 1)
         return self.o_b_proj(mixed.reshape(t, -1))
+
+    def _decode_plan(self, batch: ForwardBatch, cache: LayerCache, dense: bool) -> DecodePlan:
+        """The batch's decode plan for this layer's shape, built by the first layer that asks."""
+        ring_len = cache.ring.shape[1]
+        comp = cache.comp
+        shape = (self.ratio, comp.shape[1]) if comp is not None and dense else None
+        lay = batch.layout
+        return batch.cached(
+            ("decode", ring_len, self.window, shape),
+            lambda: decode_plan(
+                lay.positions, lay.slots, lay.block_tables, ring_len, self.window, shape
+            ),
+        )
 
     def _attend(
         self,
@@ -82,7 +97,7 @@ class Attention(nn.Module):
         if batch.is_decode:  # one row per request, in request order
             return decode_attention(
                 q, kv, cache.ring, cache.comp, lay.positions, lay.slots, lay.block_tables,
-                comp_idx, *args,
+                comp_idx, *args, plan=self._decode_plan(batch, cache, comp_idx is None),
             )  # fmt: skip
         if use_triton(q) or not batch.decode_seqs:
             return prefill_attention(q, kv, cache.ring, cache.comp, lay, comp_idx, *args)

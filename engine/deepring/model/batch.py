@@ -8,12 +8,17 @@ here and shared by every layer.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 import torch
 
 from deepring.kernels.attention_prefill import SeqLayout
+from deepring.kernels.rope import rope_cis
 from deepring.model.rope import RopeTables
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -38,7 +43,7 @@ class CompressPlan:
     valid: torch.Tensor  # [E, R] bool: position >= 0
     dest: torch.Tensor  # [E] flat index into the paged cache viewed as [blocks * epb, dim]
     rope_pos: torch.Tensor  # [E] position of the entry's first token
-    keep_rows: torch.Tensor  # [K] step rows to remember in the tail state
+    keep_rows: torch.Tensor | slice  # [K] step rows to remember in the tail state (or all)
     keep_dest: torch.Tensor  # [K] their flat index in the tail state
 
 
@@ -130,10 +135,25 @@ class ForwardBatch:
     def is_decode(self) -> bool:
         return not self.prefill_seqs
 
-    def tail_rows(self, length: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Rows among each request's last `length` positions, and their index in a ring of
-        `length` slots per state slot (the only rows a ring of that size keeps)."""
+    def cached(self, key: tuple, build: Callable[[], T]) -> T:
+        """build(), once per step for each key: for what every layer of a shape shares."""
+        if key not in self._plans:
+            self._plans[key] = build()
+        return self._plans[key]  # type: ignore[return-value]
+
+    def rope_cis(self, kind: str, inverse: bool, dim: int) -> torch.Tensor:
+        """rope_cis of this step's `kind` angles, once per step."""
+        cos, sin = self.rope[kind]
+        return self.cached(("cis", kind, inverse, dim), lambda: rope_cis(cos, sin, inverse, dim))
+
+    def tail_rows(self, length: int) -> tuple[torch.Tensor | slice, torch.Tensor]:
+        """Rows among each request's last `length` positions (a slice when that is every row),
+        and their index in a ring of `length` slots per state slot (the only rows a ring of that
+        size keeps)."""
         key = ("tail", length)
+        if key not in self._plans and self.is_decode:  # one row per request: all are kept
+            lay = self.layout
+            self._plans[key] = (slice(None), lay.slots * length + lay.positions % length)
         if key not in self._plans:
             lay = self.layout
             ends = (lay.starts_t + torch.tensor(lay.lens, device=lay.starts_t.device))[
@@ -153,6 +173,16 @@ class ForwardBatch:
         lay = self.layout
         dev = lay.positions.device
         state_len = 2 * ratio if overlap else ratio
+        keep, keep_dest = self.tail_rows(state_len)
+        if self.is_decode and all((p + 1) % ratio for p in lay.starts):
+            # Most decode steps complete no window: no entries, only the tail state to update.
+            none = torch.zeros(0, dtype=torch.long, device=dev)
+            rows = none.view(0, state_len)
+            self._plans[key] = plan = CompressPlan(
+                entry_seq=none, from_chunk=rows.bool(), chunk_row=rows, state_row=rows,
+                valid=rows.bool(), dest=none, rope_pos=none, keep_rows=keep, keep_dest=keep_dest,
+            )  # fmt: skip
+            return plan
         n_rows = state_len
         lens_t = torch.tensor(lay.lens, device=dev)
         first = lay.starts_t // ratio
@@ -170,7 +200,6 @@ class ForwardBatch:
         state_row = lay.slots[entry_seq][:, None] * state_len + torch.remainder(pos, state_len)
         epb = self.block_size // ratio
         blk = lay.block_tables[entry_seq, (w * ratio) // self.block_size]
-        keep, keep_dest = self.tail_rows(state_len)
         plan = CompressPlan(
             entry_seq=entry_seq,
             from_chunk=from_chunk,

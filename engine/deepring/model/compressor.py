@@ -59,7 +59,7 @@ def compress_into(
         weights = torch.softmax(rows_gate, dim=1).to(rows_kv.dtype)
         pooled = norm((rows_kv * weights).sum(1))
         cos, sin = batch.plan_rope(ratio, overlap)
-        pooled = apply_rope(pooled, cos, sin)
+        pooled = apply_rope(pooled, cos, sin, inplace=True)
         out_cache.view(-1, out_cache.shape[-1])[plan.dest] = pooled.to(out_cache.dtype)
     flat_kv[plan.keep_dest] = kv[plan.keep_rows].to(flat_kv.dtype)
     flat_gate[plan.keep_dest] = gate[plan.keep_rows].to(flat_gate.dtype)
@@ -98,7 +98,8 @@ class Indexer(nn.Module):
             self.kv_norm, cache.index, self.ratio, overlap=True,
         )  # fmt: skip
         cos, sin = batch.rope["compress"]
-        q = apply_rope(self.q_b_proj(q_lora).view(-1, self.heads, self.hd), cos, sin)
+        q = self.q_b_proj(q_lora).view(-1, self.heads, self.hd)
+        q = apply_rope(q, cos, sin, inplace=True, cis=batch.rope_cis("compress", False, 3))
         w = weights.float() * self.heads**-0.5
         return indexer_topk(q, w, cache.index, batch.layout, self.ratio, self.topk, self.hd**-0.5)
 

@@ -83,11 +83,18 @@ class Bf16GreedyHead:
         # the last vocab % G tokens form one more tile.
         whole = vocab - vocab % _TILE
         stride = whole // _TILE
-        tile_max = approx[:, :whole].view(n, _TILE, stride).amax(1)
+        # The max pass runs on the bf16 bits read as int16, several times faster than a bf16
+        # reduction on CPU. Non-negative bf16 values order like their bits; a negative key
+        # means a tile of negative values only, whose maximum is then bounded above by 0.
+        keys = approx.view(torch.int16)
+        tile_key = keys[:, :whole].view(n, _TILE, stride).amax(1)
         if whole < vocab:
-            tile_max = torch.cat([tile_max, approx[:, whole:].amax(-1, keepdim=True)], 1)
-        tile_max = tile_max.float()
-        best = tile_max.amax(-1)
+            tile_key = torch.cat([tile_key, keys[:, whole:].amax(-1, keepdim=True)], 1)
+        tile_max = tile_key.view(torch.bfloat16).float().masked_fill_(tile_key < 0, 0.0)
+        best = tile_max.amax(-1)  # exact where a row has a value >= 0
+        neg = tile_key.amax(-1) < 0
+        if bool(neg.any()):  # every logit negative: the exact maximum from the values
+            best[neg] = approx[neg].float().amax(-1)
         y16f = y16.float()
         y16n = torch.linalg.vector_norm(y16f, dim=-1)
         lo_n = torch.linalg.vector_norm(y - y16f, dim=-1)

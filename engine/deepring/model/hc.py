@@ -13,16 +13,30 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+# Up to this many rows, the mixes are computed in NumPy: each of their dozens of tiny ops costs
+# about a microsecond there against several through torch's dispatch.
+_FEW_ROWS = 64
+
 
 def _rms_mix(h: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """F.linear(rms_norm(streams flattened), weight) in fp32."""
     flat = h.reshape(h.shape[0], h.shape[1] * h.shape[2]).float()
-    if flat.shape[0] <= 64:  # one fused norm beats the ops below for a few rows; not for many
+    if flat.shape[0] <= _FEW_ROWS:  # one fused norm beats the ops below for a few rows only
         return F.linear(F.rms_norm(flat, (flat.shape[1],), None, eps), weight)
     # The norm is one scale per row, so it can follow the (narrow) projection: one read of the
     # wide input for its norm instead of writing and re-reading a normalised copy.
     ms = torch.linalg.vector_norm(flat, dim=-1, keepdim=True).square_().div_(flat.shape[1])
     return F.linear(flat, weight).mul_(ms.add_(eps).rsqrt_())
+
+
+def _sinkhorn_np(c: np.ndarray, iters: int, eps: float) -> np.ndarray:
+    """sinkhorn on a NumPy array, in place."""
+    e = np.float32(eps)
+    c /= c.sum(-2, keepdims=True) + e
+    for _ in range(iters - 1):
+        c /= c.sum(-1, keepdims=True) + e
+        c /= c.sum(-2, keepdims=True) + e
+    return c
 
 
 def sinkhorn(comb: torch.Tensor, iters: int, eps: float) -> torch.Tensor:
@@ -32,14 +46,8 @@ def sinkhorn(comb: torch.Tensor, iters: int, eps: float) -> torch.Tensor:
     dispatch does; for many rows (prefill) torch wins once the row axis is innermost ([n, n, T]
     layout), where each op is one vectorised pass instead of reductions over a length-n axis.
     """
-    if comb.shape[0] <= 64 and comb.device.type == "cpu" and comb.dtype == torch.float32:
-        c = comb.numpy().copy()
-        e = np.float32(eps)
-        c /= c.sum(-2, keepdims=True) + e
-        for _ in range(iters - 1):
-            c /= c.sum(-1, keepdims=True) + e
-            c /= c.sum(-2, keepdims=True) + e
-        return torch.from_numpy(c)
+    if comb.shape[0] <= _FEW_ROWS and comb.device.type == "cpu" and comb.dtype == torch.float32:
+        return torch.from_numpy(_sinkhorn_np(comb.numpy().copy(), iters, eps))
     c = comb.permute(1, 2, 0).contiguous()  # [n, n, T]: c[i, j, t] = comb[t, i, j]
     n, _, t = c.shape
     rows = c.new_empty(n, 1, t)
@@ -84,27 +92,54 @@ class HyperConnection(nn.Module):
             self._scale_key = key
         return self._scale_vec
 
+    def _np_params(self) -> tuple[np.ndarray, np.ndarray]:
+        """base and the scale vector as NumPy arrays (views, rebuilt when a parameter changes)."""
+        key = (self.base.data_ptr(), self.base._version, self.scale._version)
+        if getattr(self, "_np_key", None) != key:
+            self._np = (self.base.detach().numpy(), self._scale_vector().numpy())
+            self._np_key = key
+        return self._np
+
     def forward(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """h: [T, hc, D]. Returns post [T, hc], comb [T, hc, hc] (comb[j, k]: stream j into
+        """h: [T, hc, D]. Returns post [T, hc], comb_t [T, hc, hc] (comb_t[k, j]: stream j into
         stream k) and the collapsed sublayer input [T, D] in h's dtype."""
         hc, eps = self.hc, self.hc_eps
         mix = _rms_mix(h, self.fn, self.norm_eps)
-        # One scale per group (pre, post, comb), applied to the whole mix vector at once.
-        z = torch.addcmul(self.base, mix, self._scale_vector())
-        gates = torch.sigmoid(z[:, : 2 * hc])
-        pre = gates[:, :hc] + eps
-        post = gates[:, hc:] * 2
-        comb = sinkhorn(torch.softmax(z[:, 2 * hc :].view(-1, hc, hc), -1) + eps, self.iters, eps)
-        return post, comb, _collapse(pre, h)
+        if mix.shape[0] <= _FEW_ROWS and mix.device.type == "cpu" and not mix.requires_grad:
+            pre, post, comb_t = self._mixes_np(mix)
+        else:
+            # One scale per group (pre, post, comb), applied to the whole mix vector at once.
+            z = torch.addcmul(self.base, mix, self._scale_vector())
+            gates = torch.sigmoid(z[:, : 2 * hc])
+            pre = gates[:, :hc] + eps
+            post = gates[:, hc:] * 2
+            comb = torch.softmax(z[:, 2 * hc :].view(-1, hc, hc), -1) + eps
+            comb_t = sinkhorn(comb, self.iters, eps).transpose(1, 2)
+        return post, comb_t, _collapse(pre, h)
+
+    def _mixes_np(self, mix: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """pre, post and comb_t of forward for a few rows, in NumPy (fp32 throughout)."""
+        hc, e = self.hc, np.float32(self.hc_eps)
+        base, scale = self._np_params()
+        z = mix.numpy() * scale + base
+        gates = 1 / (1 + np.exp(-z[:, : 2 * hc]))
+        c = z[:, 2 * hc :].reshape(-1, hc, hc)
+        c = np.exp(c - c.max(-1, keepdims=True))
+        c /= c.sum(-1, keepdims=True)
+        c += e
+        comb_t = np.ascontiguousarray(_sinkhorn_np(c, self.iters, self.hc_eps).transpose(0, 2, 1))
+        pre, post = gates[:, :hc] + e, gates[:, hc:] * np.float32(2)
+        return torch.from_numpy(pre), torch.from_numpy(post), torch.from_numpy(comb_t)
 
     @staticmethod
     def merge(
-        h: torch.Tensor, out: torch.Tensor, post: torch.Tensor, comb: torch.Tensor
+        h: torch.Tensor, out: torch.Tensor, post: torch.Tensor, comb_t: torch.Tensor
     ) -> torch.Tensor:
-        """New streams: stream k = post_k * out + sum_j comb[j, k] * h_j."""
+        """New streams: stream k = post_k * out + sum_j comb_t[k, j] * h_j."""
         dt = h.dtype
-        spread = post.to(dt).unsqueeze(-1) * out.unsqueeze(1)
-        return spread.baddbmm_(comb.to(dt).transpose(1, 2), h)  # in place: no copy of spread
+        spread = (post if post.dtype == dt else post.to(dt)).unsqueeze(-1) * out.unsqueeze(1)
+        # In place: no copy of spread.
+        return spread.baddbmm_(comb_t if comb_t.dtype == dt else comb_t.to(dt), h)
 
 
 class HyperHead(nn.Module):
