@@ -84,6 +84,38 @@ def test_prefill_attention_reference(mode, block_q):
 
 
 @pytest.mark.parametrize("mode", ["window", "dense", "topk"])
+@pytest.mark.parametrize(
+    ("starts", "lens"),
+    [
+        ([0, 0, 0], [9, 9, 9]),  # one group, adjacent rows: viewed, not copied
+        ([5, 0, 5], [7, 9, 7]),  # a group of two with a request between them
+        ([13, 13, 2], [4, 4, 4]),  # equal lengths, two starts: history from the ring
+    ],
+)
+def test_prefill_attention_groups_equal_shapes(mode, starts, lens):
+    """Requests with the same start and length run as one batched group."""
+    g = torch.Generator().manual_seed(7)
+    lay = _layout(starts, lens, [2, 0, 1], [[3, 1, 4], [5, 2, 7], [6, 0, 0]])
+    t = sum(lay.lens)
+    q, kv = torch.randn(t, 3, 16, generator=g), torch.randn(t, 16, generator=g)
+    ring = torch.randn(3, RING, 16, generator=g)
+    comp = torch.randn(8, BLOCK // RATIO, 16, generator=g)
+    sinks = torch.randn(3, generator=g)
+    idx = None
+    if mode == "topk":
+        idx = torch.full((t, 3), -1)
+        for i, pos in enumerate(lay.positions.tolist()):
+            pick = torch.randperm((pos + 1) // RATIO, generator=g)[:3]
+            idx[i, : len(pick)] = pick
+    c = None if mode == "window" else comp
+    args = (q, kv, ring, c, lay, idx, RATIO, sinks, 0.3, WINDOW)
+    want = _dense_reference(*args)
+    for block_q in (2, 128):
+        got = attention_prefill.prefill_attention_torch(*args, block_q=block_q)
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("mode", ["window", "dense", "topk"])
 @pytest.mark.parametrize("slots", [[0, 1, 2], [2, 0, 1]])  # consecutive slots: the ring is viewed
 def test_decode_attention_reference(mode, slots):
     g = torch.Generator().manual_seed(5)

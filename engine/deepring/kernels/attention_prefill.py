@@ -9,6 +9,7 @@ K = V (shared single-head MQA); each head has a sink logit in the softmax denomi
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -46,24 +47,52 @@ class SeqLayout:
         )
 
 
-def _entries(comp: torch.Tensor, block_row: torch.Tensor, e: torch.Tensor) -> torch.Tensor:
+def _entries(comp: torch.Tensor, block_rows: torch.Tensor, e: torch.Tensor) -> torch.Tensor:
+    """comp entries e of each request: block_rows [S, max_blocks] -> [S, len(e), D]."""
     epb = comp.shape[1]
-    return comp[block_row[e // epb], e % epb]
+    return comp[block_rows[:, e // epb], e % epb]
 
 
 def _attend_rows(
     q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor, sinks: torch.Tensor, scale: float
 ) -> torch.Tensor:
-    """q: [L, H, D]; k (= v): [N, D]; mask: [L, N] bool. Softmax with a per-head sink logit."""
-    n_rows, h, d = q.shape
-    sc = torch.mm(q.reshape(n_rows * h, d), k.t()).view(n_rows, h, -1).mul_(scale)
-    sc.masked_fill_(~mask[:, None, :], float("-inf"))
+    """q: [S, L, H, D]; k (= v): [S, N, D]; mask: [S or 1, L, N] bool. Softmax with a per-head
+    sink logit."""
+    s, n_rows, h, d = q.shape
+    # The scale goes on q, not on the scores: fewer elements (D < keys).
+    qs = (q * scale).reshape(s, n_rows * h, d)
+    sc = torch.bmm(qs, k.transpose(1, 2)).view(s, n_rows, h, -1)
+    sc.masked_fill_(~mask[:, :, None, :], float("-inf"))
     # The sink joins the softmax denominator only: exp(sink - m) added to the row sums.
     m = torch.maximum(sc.amax(-1), sinks)
     p = sc.sub_(m[..., None]).exp_()
     denom = p.sum(-1).add_(torch.exp(sinks - m))
-    out = torch.mm(p.view(n_rows * h, -1), k).view(n_rows, h, d)
+    out = torch.bmm(p.view(s, n_rows * h, -1), k).view(s, n_rows, h, d)
     return out.div_(denom[..., None])
+
+
+# Masks depend on a block's shape only, which repeats across blocks, layers and steps; cached
+# (read-only tensors) because building one costs several small ops each time.
+@functools.lru_cache(maxsize=256)
+def _band(rows: int, keys: int, base: int, window: int, dev: torch.device) -> torch.Tensor:
+    """[1, rows, keys] bool: 0 <= base + i - j < window."""
+    delta = base + torch.arange(rows, device=dev)[:, None] - torch.arange(keys, device=dev)
+    return ((delta >= 0) & (delta < window))[None]
+
+
+@functools.lru_cache(maxsize=256)
+def _causal_entries(pos0: int, rows: int, n: int, ratio: int, dev: torch.device) -> torch.Tensor:
+    """[1, rows, n] bool: entry e is complete for the row at position pos0 + i."""
+    seen = (torch.arange(pos0, pos0 + rows, device=dev) + 1) // ratio
+    return (torch.arange(n, device=dev)[None] < seen[:, None])[None]
+
+
+def _rows_of(x: torch.Tensor, offsets: list[int], n: int) -> torch.Tensor:
+    """x[a : a + n] for each offset a, stacked: [S, n, ...]; a view when they are adjacent."""
+    a0 = offsets[0]
+    if all(a == a0 + i * n for i, a in enumerate(offsets)):
+        return x[a0 : a0 + len(offsets) * n].unflatten(0, (len(offsets), n))
+    return torch.stack([x[a : a + n] for a in offsets])
 
 
 def prefill_attention_torch(
@@ -77,48 +106,79 @@ def prefill_attention_torch(
     sinks: torch.Tensor,
     scale: float,
     window: int,
-    block_q: int = 128,
+    block_q: int = 64,
 ) -> torch.Tensor:
     """Rows are processed in blocks of `block_q` queries, each against only the window keys it
-    can see, so work and memory grow with rows x (block_q + window), not rows^2."""
+    can see, so work and memory grow with rows x (block_q + window), not rows^2. Requests with
+    the same start and length (a batch of equal prompts) run together as one batched GEMM."""
     out = torch.empty_like(q)
-    ring_len = ring.shape[1]
-    dev = q.device
-    sinks = sinks.float()
-    for s, (a, n_rows, p0) in enumerate(
-        zip(layout.offsets, layout.lens, layout.starts, strict=True)
-    ):
-        slot = int(layout.slots[s])
-        nh = min(p0, window - 1)
-        hist_pos = torch.arange(p0 - nh, p0, device=dev)
-        keys = torch.cat([ring[slot, hist_pos % ring_len], kv[a : a + n_rows]]).float()
-        ck = None
-        if comp is not None:
-            n = (p0 + n_rows) // comp_ratio
-            e = torch.arange(n, device=dev)
-            ck = _entries(comp, layout.block_tables[s], e).float()
-            if comp_idx is not None:
-                sel = comp_idx[a : a + n_rows]
-                cm_all = torch.zeros(n_rows, n + 1, dtype=torch.bool, device=dev)
-                cm_all.scatter_(1, torch.where(sel >= 0, sel, n), True)
-        qf = q[a : a + n_rows].float()
-        for b0 in range(0, n_rows, block_q):
-            b1 = min(n_rows, b0 + block_q)
-            k_lo = max(0, nh + b0 - (window - 1))  # first window key any row of the block sees
-            qpos = torch.arange(p0 + b0, p0 + b1, device=dev)
-            kpos = torch.arange(p0 - nh + k_lo, p0 + b1, device=dev)
-            mask = (kpos[None] <= qpos[:, None]) & (kpos[None] > qpos[:, None] - window)
-            k = keys[k_lo : nh + b1]
-            if ck is not None:
-                nb = (p0 + b1) // comp_ratio  # entries any row of the block may see
-                if comp_idx is not None:
-                    cm = cm_all[b0:b1, :nb]
-                else:
-                    cm = torch.arange(nb, device=dev)[None] < ((qpos + 1) // comp_ratio)[:, None]
-                k = torch.cat([k, ck[:nb]])
-                mask = torch.cat([mask, cm], 1)
-            out[a + b0 : a + b1] = _attend_rows(qf[b0:b1], k, mask, sinks, scale).to(q.dtype)
+    groups: dict[tuple[int, int], list[int]] = {}
+    for s, (n_rows, p0) in enumerate(zip(layout.lens, layout.starts, strict=True)):
+        groups.setdefault((p0, n_rows), []).append(s)
+    for (p0, n_rows), seqs in groups.items():
+        offsets = [layout.offsets[s] for s in seqs]
+        got = _attend_group(
+            q, kv, ring, comp, layout, comp_idx, comp_ratio, sinks.float(), scale, window,
+            block_q, seqs, offsets, p0, n_rows,
+        )  # fmt: skip
+        for a, rows in zip(offsets, got, strict=True):
+            out[a : a + n_rows] = rows
     return out
+
+
+def _attend_group(
+    q: torch.Tensor,
+    kv: torch.Tensor,
+    ring: torch.Tensor,
+    comp: torch.Tensor | None,
+    layout: SeqLayout,
+    comp_idx: torch.Tensor | None,
+    comp_ratio: int,
+    sinks: torch.Tensor,
+    scale: float,
+    window: int,
+    block_q: int,
+    seqs: list[int],
+    offsets: list[int],
+    p0: int,
+    n_rows: int,
+) -> torch.Tensor:
+    """Attention of S requests that each have n_rows rows from position p0: [S, n_rows, H, D]."""
+    dev = q.device
+    sel = torch.tensor(seqs, device=dev)
+    nh = min(p0, window - 1)
+    keys = _rows_of(kv, offsets, n_rows)
+    if nh:
+        hist_pos = torch.arange(p0 - nh, p0, device=dev) % ring.shape[1]
+        keys = torch.cat([ring[layout.slots[sel][:, None], hist_pos], keys], 1)
+    keys = keys.float()
+    ck = cm_all = None
+    if comp is not None:
+        n = (p0 + n_rows) // comp_ratio
+        ck = _entries(comp, layout.block_tables[sel], torch.arange(n, device=dev)).float()
+        if comp_idx is not None:
+            picks = _rows_of(comp_idx, offsets, n_rows)
+            cm_all = torch.zeros(len(seqs), n_rows, n + 1, dtype=torch.bool, device=dev)
+            cm_all.scatter_(2, torch.where(picks >= 0, picks, n), True)
+    qf = _rows_of(q, offsets, n_rows).float()
+    out = torch.empty_like(qf)
+    for b0 in range(0, n_rows, block_q):
+        b1 = min(n_rows, b0 + block_q)
+        k_lo = max(0, nh + b0 - (window - 1))  # first window key any row of the block sees
+        k = keys[:, k_lo : nh + b1]
+        # Row i sees window key j when 0 <= (b0 + nh - k_lo) + i - j < window.
+        mask = _band(b1 - b0, k.shape[1], b0 + nh - k_lo, window, dev)
+        if ck is not None:
+            nb = (p0 + b1) // comp_ratio  # entries any row of the block may see
+            if cm_all is not None:
+                cm = cm_all[:, b0:b1, :nb]
+                mask = mask.expand(cm.shape[0], -1, -1)
+            else:
+                cm = _causal_entries(p0 + b0, b1 - b0, nb, comp_ratio, dev)
+            k = torch.cat([k, ck[:, :nb]], 1)
+            mask = torch.cat([mask, cm], 2)
+        out[:, b0:b1] = _attend_rows(qf[:, b0:b1], k, mask, sinks, scale)
+    return out.to(q.dtype)
 
 
 if HAVE_TRITON:
