@@ -165,6 +165,17 @@ fn fast_path_safe(bytes: &[u8]) -> bool {
 /// The index after the string whose contents start at `i`, or `None` if it holds an escape a
 /// value would refuse (or anything unusual). An unterminated string ends the text.
 fn skip_string(bytes: &[u8], mut i: usize) -> Option<usize> {
+    // Keys and short values end within a few bytes: a plain loop finds their end sooner than
+    // memchr2's setup does (callgrind: memchr2 was about half of this scan on a 1-turn body).
+    const SHORT: usize = 24;
+    let head = bytes.get(i..).unwrap_or_default();
+    for (k, &b) in head.iter().take(SHORT).enumerate() {
+        match b {
+            b'"' => return Some(i + k + 1),
+            b'\\' => break,
+            _ => {}
+        }
+    }
     loop {
         let rest = bytes.get(i..).unwrap_or_default();
         match memchr::memchr2(b'"', b'\\', rest) {
