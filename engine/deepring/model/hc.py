@@ -29,14 +29,25 @@ def _rms_mix(h: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return F.linear(flat, weight).mul_(ms.add_(eps).rsqrt_())
 
 
-def _sinkhorn_np(c: np.ndarray, iters: int, eps: float) -> np.ndarray:
-    """sinkhorn on a NumPy array, in place."""
+def _sinkhorn_np(d: np.ndarray, iters: int, eps: float) -> np.ndarray:
+    """sinkhorn in place on a NumPy array laid out [n, n, T] (d[i, j, t] = comb[t, i, j]): with
+    the row axis innermost each sum is a pass over whole rows, half the time of summing
+    length-n axes (same arithmetic, same results)."""
     e = np.float32(eps)
-    c /= c.sum(-2, keepdims=True) + e
+    n, _, t = d.shape
+    col = np.empty((1, n, t), np.float32)
+    row = np.empty((n, 1, t), np.float32)
+    np.add.reduce(d, axis=0, keepdims=True, out=col)
+    col += e
+    d /= col
     for _ in range(iters - 1):
-        c /= c.sum(-1, keepdims=True) + e
-        c /= c.sum(-2, keepdims=True) + e
-    return c
+        np.add.reduce(d, axis=1, keepdims=True, out=row)
+        row += e
+        d /= row
+        np.add.reduce(d, axis=0, keepdims=True, out=col)
+        col += e
+        d /= col
+    return d
 
 
 def sinkhorn(comb: torch.Tensor, iters: int, eps: float) -> torch.Tensor:
@@ -47,7 +58,8 @@ def sinkhorn(comb: torch.Tensor, iters: int, eps: float) -> torch.Tensor:
     layout), where each op is one vectorised pass instead of reductions over a length-n axis.
     """
     if comb.shape[0] <= _FEW_ROWS and comb.device.type == "cpu" and comb.dtype == torch.float32:
-        return torch.from_numpy(_sinkhorn_np(comb.numpy().copy(), iters, eps))
+        d = _sinkhorn_np(np.ascontiguousarray(comb.numpy().transpose(1, 2, 0)), iters, eps)
+        return torch.from_numpy(np.ascontiguousarray(d.transpose(2, 0, 1)))
     c = comb.permute(1, 2, 0).contiguous()  # [n, n, T]: c[i, j, t] = comb[t, i, j]
     n, _, t = c.shape
     rows = c.new_empty(n, 1, t)
@@ -118,17 +130,20 @@ class HyperConnection(nn.Module):
         return post, comb_t, _collapse(pre, h)
 
     def _mixes_np(self, mix: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """pre, post and comb_t of forward for a few rows, in NumPy (fp32 throughout)."""
+        """pre, post and comb_t of forward for a few rows, in NumPy (fp32 throughout), with the
+        row axis innermost (see _sinkhorn_np)."""
         hc, e = self.hc, np.float32(self.hc_eps)
         base, scale = self._np_params()
-        z = mix.numpy() * scale + base
-        gates = 1 / (1 + np.exp(-z[:, : 2 * hc]))
-        c = z[:, 2 * hc :].reshape(-1, hc, hc)
-        c = np.exp(c - c.max(-1, keepdims=True))
-        c /= c.sum(-1, keepdims=True)
-        c += e
-        comb_t = np.ascontiguousarray(_sinkhorn_np(c, self.iters, self.hc_eps).transpose(0, 2, 1))
-        pre, post = gates[:, :hc] + e, gates[:, hc:] * np.float32(2)
+        z = np.ascontiguousarray((mix.numpy() * scale + base).T)  # [mixes, T]
+        gates = 1 / (1 + np.exp(-z[: 2 * hc]))
+        d = z[2 * hc :].reshape(hc, hc, -1)  # d[i, j, t] = comb logits[t, i, j]
+        d = np.exp(d - d.max(1, keepdims=True))
+        d /= d.sum(1, keepdims=True)
+        d += e
+        d = _sinkhorn_np(d, self.iters, self.hc_eps)
+        pre = np.ascontiguousarray((gates[:hc] + e).T)
+        post = np.ascontiguousarray((gates[hc:] * np.float32(2)).T)
+        comb_t = np.ascontiguousarray(d.transpose(2, 1, 0))  # comb_t[t, k, j] = d[j, k, t]
         return torch.from_numpy(pre), torch.from_numpy(post), torch.from_numpy(comb_t)
 
     @staticmethod
