@@ -49,6 +49,8 @@ def bench_cpu(args) -> list[dict]:
         max_num_batched_tokens=args.max_batched_tokens,
         max_model_len=args.prompt_len + args.new_tokens + 8,
     )
+    budget = llm.engine.scheduler.config.max_num_batched_tokens
+    print(f"step token budget {budget} (max_num_batched_tokens)")
     hf = None if args.skip_hf else hf_twin(llm.model)
     rows = []
     gen = torch.Generator().manual_seed(0)
@@ -269,7 +271,9 @@ def main() -> None:
     p.add_argument("--batch-sizes", type=lambda s: [int(x) for x in s.split(",")], default=[1, 32])
     p.add_argument("--prompt-len", type=int, default=512)
     p.add_argument("--new-tokens", type=int, default=128)
-    p.add_argument("--max-batched-tokens", type=int, default=2048)
+    p.add_argument(
+        "--max-batched-tokens", type=int, default=None, help="step token budget (LLM's default)"
+    )
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (both engines)")
     p.add_argument("--dtype", default="float32", help="compute dtype of both engines")
     p.add_argument("--repeats", type=int, default=1)

@@ -51,7 +51,7 @@ class LLM:
         seed: int = 0,
         max_model_len: int = 4096,
         max_num_seqs: int = 64,
-        max_num_batched_tokens: int = 2048,
+        max_num_batched_tokens: int | None = None,
         num_blocks: int | None = None,
         block_size: int = 128,
         progress: bool = False,
@@ -66,6 +66,10 @@ class LLM:
         self.config = loaded.config
         if max_model_len < 2:
             raise ValueError("max_model_len must be >= 2")
+        if max_num_batched_tokens is None:
+            # Offline work is throughput-bound: a step's token budget of a whole prompt at least,
+            # and 4096 (DeepInfer's default rule). Serving keeps its smaller, latency-bound one.
+            max_num_batched_tokens = max(max_model_len, 4096)
         blocks_per_seq = -(-max_model_len // block_size)
         cache = CacheConfig(
             num_blocks=num_blocks or max_num_seqs * blocks_per_seq + 1,
