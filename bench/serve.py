@@ -115,7 +115,15 @@ def bench_offline(args, concurrency: int, seed: int) -> float:
 
     torch.set_num_threads(args.baseline_threads)
     params = SamplingParams(temperature=0, max_tokens=args.max_tokens)
-    llm = LLM("tiny", device="cpu", max_num_seqs=concurrency, max_model_len=args.max_model_len)
+    # The server's step budget (its --max-num-batched-tokens default), not LLM's larger offline
+    # one: the ratio is meant to isolate what serving costs over the same engine schedule.
+    llm = LLM(
+        "tiny",
+        device="cpu",
+        max_num_seqs=concurrency,
+        max_model_len=args.max_model_len,
+        max_num_batched_tokens=2048,
+    )
     llm.generate([[5, 6, 7]], SamplingParams(temperature=0, max_tokens=2))
     sets = loadgen.prompt_sets(seed, concurrency, args.requests, args.prompt_len)
     # Request i of every client, then request i + 1: the order the clients send them in.
