@@ -16,9 +16,12 @@ def rms_norm_torch(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> 
         # A few rows (decode): torch's fused op costs one dispatch instead of five.
         return F.rms_norm(x, (x.shape[-1],), weight, eps)
     xf = x.float()
-    y = xf * torch.rsqrt(xf.square().mean(-1, keepdim=True) + eps)
+    # Many rows: one pass for the norms (no squared copy), one for the scaling, and the weight
+    # multiplied in place.
+    ms = torch.linalg.vector_norm(xf, dim=-1, keepdim=True).square_().div_(x.shape[-1])
+    y = xf * ms.add_(eps).rsqrt_()
     if weight is not None:
-        y = y * weight.float()
+        y.mul_(weight.float())
     return y.to(x.dtype)
 
 
