@@ -45,6 +45,7 @@ class CompressPlan:
     rope_pos: torch.Tensor  # [E] position of the entry's first token
     keep_rows: torch.Tensor | slice  # [K] step rows to remember in the tail state (or all)
     keep_dest: torch.Tensor  # [K] their flat index in the tail state
+    chunk_only: bool = False  # no valid row comes from the tail state (e.g. a prefill from 0)
 
 
 @dataclass
@@ -210,6 +211,7 @@ class ForwardBatch:
             rope_pos=w * ratio,
             keep_rows=keep,
             keep_dest=keep_dest,
+            chunk_only=bool((from_chunk | (pos < 0)).all()),
         )
         self._plans[key] = plan
         return plan

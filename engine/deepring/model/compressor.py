@@ -39,9 +39,13 @@ def compress_into(
     flat_kv = tail_kv.view(-1, width)
     flat_gate = tail_gate.view(-1, width)
     if plan.entry_seq.numel():
-        fc = plan.from_chunk[..., None]
-        rows_kv = torch.where(fc, kv[plan.chunk_row], flat_kv[plan.state_row])
-        rows_gate = torch.where(fc, gate[plan.chunk_row], flat_gate[plan.state_row])
+        if plan.chunk_only:  # nothing to take from the tail state: one gather, not two
+            rows_kv = kv[plan.chunk_row].to(torch.promote_types(kv.dtype, flat_kv.dtype))
+            rows_gate = gate[plan.chunk_row].to(torch.promote_types(gate.dtype, flat_gate.dtype))
+        else:
+            fc = plan.from_chunk[..., None]
+            rows_kv = torch.where(fc, kv[plan.chunk_row], flat_kv[plan.state_row])
+            rows_gate = torch.where(fc, gate[plan.chunk_row], flat_gate[plan.state_row])
         if overlap:
             hd = width // 2
             rows_kv = torch.cat([rows_kv[:, :ratio, :hd], rows_kv[:, ratio:, hd:]], 1)
