@@ -50,17 +50,14 @@ def _dense_reference(q, kv, ring, comp, lay, comp_idx, ratio, sinks, scale, wind
     return out
 
 
-@pytest.mark.parametrize("mode", ["window", "dense", "topk"])
-@pytest.mark.parametrize("block_q", [1, 3, 128])
-def test_prefill_attention_reference(mode, block_q):
-    g = torch.Generator().manual_seed(0)
-    lay = _layout([13, 0, 5], [9, 11, 1], [2, 0, 1], [[3, 1, 4], [5, 0, 0], [6, 0, 0]])
+def _prefill_case(lay: SeqLayout, mode: str, seed: int) -> tuple:
+    """Random prefill attention arguments for `lay`; mode: window (no compressed entries),
+    dense (every causal entry) or topk (3 random entries per row)."""
+    g = torch.Generator().manual_seed(seed)
     t = sum(lay.lens)
     q, kv = torch.randn(t, 3, 16, generator=g), torch.randn(t, 16, generator=g)
-    ring, comp = (
-        torch.randn(3, RING, 16, generator=g),
-        torch.randn(8, BLOCK // RATIO, 16, generator=g),
-    )
+    ring = torch.randn(3, RING, 16, generator=g)
+    comp = torch.randn(8, BLOCK // RATIO, 16, generator=g)
     sinks = torch.randn(3, generator=g)
     idx = None
     if mode == "topk":
@@ -69,7 +66,15 @@ def test_prefill_attention_reference(mode, block_q):
             pick = torch.randperm((pos + 1) // RATIO, generator=g)[:3]
             idx[i, : len(pick)] = pick
     c = None if mode == "window" else comp
-    args = (q, kv, ring, c, lay, idx, RATIO, sinks, 0.3, WINDOW)
+    return (q, kv, ring, c, lay, idx, RATIO, sinks, 0.3, WINDOW)
+
+
+@pytest.mark.parametrize("mode", ["window", "dense", "topk"])
+@pytest.mark.parametrize("block_q", [1, 3, 128])
+def test_prefill_attention_reference(mode, block_q):
+    lay = _layout([13, 0, 5], [9, 11, 1], [2, 0, 1], [[3, 1, 4], [5, 0, 0], [6, 0, 0]])
+    args = _prefill_case(lay, mode, seed=0)
+    q, kv, ring, c, _, idx, _, sinks, _, _ = args
     got = attention_prefill.prefill_attention_torch(*args, block_q=block_q)
     torch.testing.assert_close(got, _dense_reference(*args), atol=1e-5, rtol=1e-5)
     if all(n == 1 for n in lay.lens):
@@ -95,21 +100,8 @@ def test_prefill_attention_reference(mode, block_q):
 )
 def test_prefill_attention_groups_equal_shapes(mode, starts, lens):
     """Requests with the same start and length run as one batched group."""
-    g = torch.Generator().manual_seed(7)
     lay = _layout(starts, lens, [2, 0, 1], [[3, 1, 4], [5, 2, 7], [6, 0, 0]])
-    t = sum(lay.lens)
-    q, kv = torch.randn(t, 3, 16, generator=g), torch.randn(t, 16, generator=g)
-    ring = torch.randn(3, RING, 16, generator=g)
-    comp = torch.randn(8, BLOCK // RATIO, 16, generator=g)
-    sinks = torch.randn(3, generator=g)
-    idx = None
-    if mode == "topk":
-        idx = torch.full((t, 3), -1)
-        for i, pos in enumerate(lay.positions.tolist()):
-            pick = torch.randperm((pos + 1) // RATIO, generator=g)[:3]
-            idx[i, : len(pick)] = pick
-    c = None if mode == "window" else comp
-    args = (q, kv, ring, c, lay, idx, RATIO, sinks, 0.3, WINDOW)
+    args = _prefill_case(lay, mode, seed=7)
     want = _dense_reference(*args)
     for block_q in (2, 128):
         got = attention_prefill.prefill_attention_torch(*args, block_q=block_q)

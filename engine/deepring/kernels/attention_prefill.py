@@ -115,70 +115,52 @@ def prefill_attention_torch(
     groups: dict[tuple[int, int], list[int]] = {}
     for s, (n_rows, p0) in enumerate(zip(layout.lens, layout.starts, strict=True)):
         groups.setdefault((p0, n_rows), []).append(s)
+    sinks = sinks.float()
+
+    def attend_group(seqs: list[int], offsets: list[int], p0: int, n_rows: int) -> torch.Tensor:
+        """Attention of S requests that each have n_rows rows from position p0:
+        [S, n_rows, H, D]."""
+        dev = q.device
+        sel = torch.tensor(seqs, device=dev)
+        nh = min(p0, window - 1)
+        keys = _rows_of(kv, offsets, n_rows)
+        if nh:
+            hist_pos = torch.arange(p0 - nh, p0, device=dev) % ring.shape[1]
+            keys = torch.cat([ring[layout.slots[sel][:, None], hist_pos], keys], 1)
+        keys = keys.float()
+        ck = cm_all = None
+        if comp is not None:
+            n = (p0 + n_rows) // comp_ratio
+            ck = _entries(comp, layout.block_tables[sel], torch.arange(n, device=dev)).float()
+            if comp_idx is not None:
+                picks = _rows_of(comp_idx, offsets, n_rows)
+                cm_all = torch.zeros(len(seqs), n_rows, n + 1, dtype=torch.bool, device=dev)
+                cm_all.scatter_(2, torch.where(picks >= 0, picks, n), True)
+        qf = _rows_of(q, offsets, n_rows).float()
+        res = torch.empty_like(qf)
+        for b0 in range(0, n_rows, block_q):
+            b1 = min(n_rows, b0 + block_q)
+            k_lo = max(0, nh + b0 - (window - 1))  # first window key any row of the block sees
+            k = keys[:, k_lo : nh + b1]
+            # Row i sees window key j when 0 <= (b0 + nh - k_lo) + i - j < window.
+            mask = _band(b1 - b0, k.shape[1], b0 + nh - k_lo, window, dev)
+            if ck is not None:
+                nb = (p0 + b1) // comp_ratio  # entries any row of the block may see
+                if cm_all is not None:
+                    cm = cm_all[:, b0:b1, :nb]
+                    mask = mask.expand(cm.shape[0], -1, -1)
+                else:
+                    cm = _causal_entries(p0 + b0, b1 - b0, nb, comp_ratio, dev)
+                k = torch.cat([k, ck[:, :nb]], 1)
+                mask = torch.cat([mask, cm], 2)
+            res[:, b0:b1] = _attend_rows(qf[:, b0:b1], k, mask, sinks, scale)
+        return res.to(q.dtype)
+
     for (p0, n_rows), seqs in groups.items():
         offsets = [layout.offsets[s] for s in seqs]
-        got = _attend_group(
-            q, kv, ring, comp, layout, comp_idx, comp_ratio, sinks.float(), scale, window,
-            block_q, seqs, offsets, p0, n_rows,
-        )  # fmt: skip
-        for a, rows in zip(offsets, got, strict=True):
+        for a, rows in zip(offsets, attend_group(seqs, offsets, p0, n_rows), strict=True):
             out[a : a + n_rows] = rows
     return out
-
-
-def _attend_group(
-    q: torch.Tensor,
-    kv: torch.Tensor,
-    ring: torch.Tensor,
-    comp: torch.Tensor | None,
-    layout: SeqLayout,
-    comp_idx: torch.Tensor | None,
-    comp_ratio: int,
-    sinks: torch.Tensor,
-    scale: float,
-    window: int,
-    block_q: int,
-    seqs: list[int],
-    offsets: list[int],
-    p0: int,
-    n_rows: int,
-) -> torch.Tensor:
-    """Attention of S requests that each have n_rows rows from position p0: [S, n_rows, H, D]."""
-    dev = q.device
-    sel = torch.tensor(seqs, device=dev)
-    nh = min(p0, window - 1)
-    keys = _rows_of(kv, offsets, n_rows)
-    if nh:
-        hist_pos = torch.arange(p0 - nh, p0, device=dev) % ring.shape[1]
-        keys = torch.cat([ring[layout.slots[sel][:, None], hist_pos], keys], 1)
-    keys = keys.float()
-    ck = cm_all = None
-    if comp is not None:
-        n = (p0 + n_rows) // comp_ratio
-        ck = _entries(comp, layout.block_tables[sel], torch.arange(n, device=dev)).float()
-        if comp_idx is not None:
-            picks = _rows_of(comp_idx, offsets, n_rows)
-            cm_all = torch.zeros(len(seqs), n_rows, n + 1, dtype=torch.bool, device=dev)
-            cm_all.scatter_(2, torch.where(picks >= 0, picks, n), True)
-    qf = _rows_of(q, offsets, n_rows).float()
-    out = torch.empty_like(qf)
-    for b0 in range(0, n_rows, block_q):
-        b1 = min(n_rows, b0 + block_q)
-        k_lo = max(0, nh + b0 - (window - 1))  # first window key any row of the block sees
-        k = keys[:, k_lo : nh + b1]
-        # Row i sees window key j when 0 <= (b0 + nh - k_lo) + i - j < window.
-        mask = _band(b1 - b0, k.shape[1], b0 + nh - k_lo, window, dev)
-        if ck is not None:
-            nb = (p0 + b1) // comp_ratio  # entries any row of the block may see
-            if cm_all is not None:
-                cm = cm_all[:, b0:b1, :nb]
-                mask = mask.expand(cm.shape[0], -1, -1)
-            else:
-                cm = _causal_entries(p0 + b0, b1 - b0, nb, comp_ratio, dev)
-            k = torch.cat([k, ck[:, :nb]], 1)
-            mask = torch.cat([mask, cm], 2)
-        out[:, b0:b1] = _attend_rows(qf[:, b0:b1], k, mask, sinks, scale)
-    return out.to(q.dtype)
 
 
 if HAVE_TRITON:
