@@ -74,6 +74,10 @@ def test_rows_whose_logits_are_all_negative_or_mixed_in_sign():
     # Tiles are strided: with 32 tokens, tile 0 holds the even ones and tile 1 the odd ones.
     y1 = torch.tensor([[1.0035, 1, 1, 1, 1, 1, 1, 1]])  # bf16: [1, 1, ...]
     w1 = -torch.ones(32, 8)
+    # The other odd tokens: logit -2^-9, negative but above the threshold (about -0.02), so
+    # the tile cannot be ruled out by comparing bits with the threshold's.
+    w1[1::2] = 0.0
+    w1[1::2, 2] = -(2.0**-9)
     w1[0] = 0.0
     w1[0, 2] = 2.0**-11  # token 0: bf16 and fp32 logit 2^-11
     w1[1] = 0.0
