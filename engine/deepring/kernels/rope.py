@@ -19,15 +19,25 @@ def apply_rope_torch(
     Each channel pair (2i, 2i+1) is a complex number rotated by exp(+-i*angle).
     """
     r = cos.shape[-1] * 2
-    view = (cos.shape[0],) + (1,) * (x.dim() - 2) + (cos.shape[-1],)
-    cis = torch.complex(cos, -sin if inverse else sin).view(view)
+    cis = rope_cis(cos, sin, inverse, x.dim())
     seg = x[..., x.shape[-1] - r :].float()
-    if seg.storage_offset() % 2 or any(st % 2 for st in seg.stride()[:-1]):
-        seg = seg.contiguous()  # view_as_complex needs pair-aligned storage
+    if not _pair_aligned(seg):
+        seg = seg.contiguous()
     rot = torch.view_as_complex(seg.unflatten(-1, (-1, 2)))
     out = x.clone()
     out[..., x.shape[-1] - r :] = torch.view_as_real(rot * cis).flatten(-2)
     return out
+
+
+def _pair_aligned(seg: torch.Tensor) -> bool:
+    """Whether view_as_complex can view seg's channel pairs (even offset and strides)."""
+    return not (seg.storage_offset() % 2 or any(st % 2 for st in seg.stride()[:-1]))
+
+
+def rope_cis(cos: torch.Tensor, sin: torch.Tensor, inverse: bool, dim: int) -> torch.Tensor:
+    """The rotations exp(+-i*angle) as complex64, shaped to broadcast over x of `dim` dims."""
+    view = (cos.shape[0],) + (1,) * (dim - 2) + (cos.shape[-1],)
+    return torch.complex(cos.float(), -sin.float() if inverse else sin.float()).view(view)
 
 
 if HAVE_TRITON:
@@ -78,12 +88,6 @@ def apply_rope_triton(
     return y.view(x.shape)
 
 
-def rope_cis(cos: torch.Tensor, sin: torch.Tensor, inverse: bool, dim: int) -> torch.Tensor:
-    """The rotations exp(+-i*angle) as complex64, shaped to broadcast over x of `dim` dims."""
-    view = (cos.shape[0],) + (1,) * (dim - 2) + (cos.shape[-1],)
-    return torch.complex(cos.float(), -sin.float() if inverse else sin.float()).view(view)
-
-
 def _rotate_in_place(
     x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, inverse: bool, cis: torch.Tensor | None
 ) -> torch.Tensor | None:
@@ -93,7 +97,7 @@ def _rotate_in_place(
     if x.dtype != torch.float32 or x.stride(-1) != 1:
         return None
     seg = x[..., x.shape[-1] - 2 * cos.shape[-1] :]
-    if seg.storage_offset() % 2 or any(st % 2 for st in seg.stride()[:-1]):
+    if not _pair_aligned(seg):
         return None
     if cis is None:
         cis = rope_cis(cos, sin, inverse, x.dim())
