@@ -199,6 +199,27 @@ def test_rope_rotates_pairs_and_inverse_undoes_it():
     torch.testing.assert_close(rope.apply_rope_torch(y, ang.cos(), ang.sin(), inverse=True), x)
 
 
+def test_rope_tables_look_up_the_computed_rotations(monkeypatch):
+    from deepring.model import rope as rope_mod
+    from deepring.model.config import ModelConfig
+    from deepring.model.presets import V4_FLASH  # YaRN on the compress kind
+
+    monkeypatch.setattr(rope_mod, "TABLE_POSITIONS", 10000)
+    tables = rope_mod.RopeTables(ModelConfig.from_hf_dict(V4_FLASH))
+    g = torch.Generator().manual_seed(4)
+    for kind in ("main", "compress"):
+        # Below the table size (first a small table, then a grown one), then beyond it.
+        for hi, shape in [(100, (7,)), (9000, (3, 5)), (20000, (6,))]:
+            pos = torch.randint(0, hi, shape, generator=g)
+            pos[0] = hi - 1
+            expect = torch.complex(*tables.cos_sin(pos, kind))
+            got = tables.cis(pos, kind)
+            assert got.shape == (*shape, 32)
+            assert torch.equal(got, expect), (kind, hi)
+            if hi < 10000:
+                assert hi <= tables._tables[kind].shape[0] <= 10000  # grown to cover, capped
+
+
 @pytest.mark.parametrize("rows", [1, 63, 65, 300])
 def test_sinkhorn_paths_agree_and_are_doubly_stochastic(rows):
     g = torch.Generator().manual_seed(rows)

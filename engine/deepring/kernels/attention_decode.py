@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import torch
 
 from deepring.kernels.dispatch import HAVE_TRITON, next_pow2, use_triton
+from deepring.kernels.gather import paged_rows, take_entries
 
 
 @dataclass
@@ -22,7 +23,7 @@ class DecodePlan:
 
     ring_rows: torch.Tensor | tuple[int, int]  # slot per request, or (first, n) if consecutive
     hidden: torch.Tensor  # [B, 1, ring_len + 1 (+ N dense entries)] bool: key not visible
-    dense_at: tuple[torch.Tensor, torch.Tensor] | None  # (block, entry) of the dense entries
+    dense_rows: torch.Tensor | None  # [B, N] flat cache rows of the dense entries (paged_rows)
 
 
 def decode_plan(
@@ -40,17 +41,17 @@ def decode_plan(
     i = torch.arange(ring_len, device=positions.device)
     ring_pos = (p - 1) - torch.remainder(p - 1 - i, ring_len)
     visible = [(ring_pos >= 0) & (ring_pos > p - window), torch.ones_like(p, dtype=torch.bool)]
-    dense_at = None
+    dense_rows = None
     if dense is not None:
         ratio, epb = dense
         n = (positions + 1) // ratio
-        e = torch.arange(int(n.max()) if b else 0, device=positions.device).expand(b, -1)
-        dense_at = (block_tables.gather(1, e // epb), e % epb)
+        e = torch.arange(int(n.max()) if b else 0, device=positions.device)
+        dense_rows = paged_rows(block_tables, e, epb)
         visible.append(e < n[:, None])
     hidden = ~torch.cat(visible, 1)[:, None, :]
     first = int(slots[0]) if b else 0
     consecutive = b == 1 or (b > 0 and bool((slots.diff() == 1).all()))
-    return DecodePlan((first, b) if consecutive else slots, hidden, dense_at)
+    return DecodePlan((first, b) if consecutive else slots, hidden, dense_rows)
 
 
 def decode_attention_torch(
@@ -79,16 +80,18 @@ def decode_attention_torch(
     # Key groups are scored and summed one by one rather than concatenated: the scores are a
     # small fraction of the keys' size, so nothing key-sized is copied (the ring not at all
     # when the slots are consecutive).
-    groups = [ring[rows[0] : rows[0] + rows[1]] if isinstance(rows, tuple) else ring[rows]]
+    groups = [
+        ring[rows[0] : rows[0] + rows[1]] if isinstance(rows, tuple) else ring.index_select(0, rows)
+    ]
     groups.append(kv[:, None])
     hidden = plan.hidden
     if comp is not None and comp_idx is not None:
-        epb = comp.shape[1]
-        e = comp_idx.clamp(min=0)
-        groups.append(comp[block_tables.gather(1, e // epb), e % epb])
+        groups.append(
+            take_entries(comp, paged_rows(block_tables, comp_idx.clamp(min=0), comp.shape[1]))
+        )
         hidden = torch.cat([hidden, (comp_idx < 0)[:, None, :]], -1)
     elif comp is not None:
-        groups.append(comp[plan.dense_at])
+        groups.append(take_entries(comp, plan.dense_rows))
     groups = [g if g.dtype == f32 else g.float() for g in groups]
     qs = q.float() * scale
     # The sink is one more logit in the softmax, with no value attached.

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import torch
 
 from deepring.kernels.dispatch import HAVE_TRITON, next_pow2, use_triton
+from deepring.kernels.gather import paged_rows, take_entries, take_rows
 
 
 @dataclass
@@ -45,12 +46,6 @@ class SeqLayout:
             starts_t=self.starts_t[idx],
             offsets_t=self.offsets_t[idx],
         )
-
-
-def _entries(comp: torch.Tensor, block_rows: torch.Tensor, e: torch.Tensor) -> torch.Tensor:
-    """comp entries e of each request: block_rows [S, max_blocks] -> [S, len(e), D]."""
-    epb = comp.shape[1]
-    return comp[block_rows[:, e // epb], e % epb]
 
 
 def _attend_rows(
@@ -126,12 +121,15 @@ def prefill_attention_torch(
         keys = _rows_of(kv, offsets, n_rows)
         if nh:
             hist_pos = torch.arange(p0 - nh, p0, device=dev) % ring.shape[1]
-            keys = torch.cat([ring[layout.slots[sel][:, None], hist_pos], keys], 1)
+            ring_rows = layout.slots.index_select(0, sel)[:, None] * ring.shape[1] + hist_pos
+            keys = torch.cat([take_rows(ring.view(-1, ring.shape[-1]), ring_rows), keys], 1)
         keys = keys.float()
         ck = cm_all = None
         if comp is not None:
             n = (p0 + n_rows) // comp_ratio
-            ck = _entries(comp, layout.block_tables[sel], torch.arange(n, device=dev)).float()
+            tables = layout.block_tables.index_select(0, sel)
+            rows = paged_rows(tables, torch.arange(n, device=dev), comp.shape[1])
+            ck = take_entries(comp, rows).float()  # [S, n, D]
             if comp_idx is not None:
                 picks = _rows_of(comp_idx, offsets, n_rows)
                 cm_all = torch.zeros(len(seqs), n_rows, n + 1, dtype=torch.bool, device=dev)

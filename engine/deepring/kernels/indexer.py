@@ -12,6 +12,7 @@ import torch
 
 from deepring.kernels.attention_prefill import SeqLayout
 from deepring.kernels.dispatch import HAVE_TRITON, next_pow2, use_triton
+from deepring.kernels.gather import paged_rows, take_entries
 
 
 def _n_entries(layout: SeqLayout, ratio: int) -> int:
@@ -32,19 +33,24 @@ def indexer_scores_torch(
     t = q.shape[0]
     n_max = _n_entries(layout, ratio)
     dev = q.device
-    scores = torch.full((t, n_max), float("-inf"), device=dev)
     if n_max == 0 or t == 0:
-        return scores
+        return torch.full((t, n_max), float("-inf"), device=dev)
     epb = index_cache.shape[1]
     e = torch.arange(n_max, device=dev)
     # The head sum is a batched GEMV with the scale folded into the weights: one pass over the
     # [rows, heads, entries] products instead of a scaled copy, a weighted copy and a sum.
     qf, wf = q.float(), (weights.float() * scale)[:, None, :]
     single = [i for i, n in enumerate(layout.lens) if n == 1]
-    if single:  # decode rows: one per request, batched
+    if len(single) == t:  # a decode step: row i is request i
+        keys = take_entries(index_cache, paged_rows(layout.block_tables, e, epb)).float()
+        s = torch.bmm(qf, keys.transpose(1, 2)).relu_()  # [B, HI, N]
+        scores = torch.bmm(wf, s).squeeze(1)
+    else:
+        scores = torch.full((t, n_max), float("-inf"), device=dev)
+    if single and len(single) < t:  # the decode rows of a mixed step, batched
         rows = torch.tensor([layout.offsets[i] for i in single], device=dev)
-        blk = layout.block_tables[single][:, e // epb]
-        keys = index_cache[blk, e % epb].float()  # [B, N, DI]
+        tables = layout.block_tables.index_select(0, torch.tensor(single, device=dev))
+        keys = take_entries(index_cache, paged_rows(tables, e, epb)).float()  # [B, N, DI]
         s = torch.bmm(qf[rows], keys.transpose(1, 2)).relu_()
         scores[rows] = torch.bmm(wf[rows], s).squeeze(1)
     for s_i, (a, n_rows, p0) in enumerate(
@@ -53,7 +59,8 @@ def indexer_scores_torch(
         n = (p0 + n_rows) // ratio
         if n == 0 or n_rows == 1:
             continue
-        keys = index_cache[layout.block_tables[s_i, e[:n] // epb], e[:n] % epb].float()
+        keys = take_entries(index_cache, paged_rows(layout.block_tables[s_i : s_i + 1], e[:n], epb))
+        keys = keys[0].float()
         s = torch.matmul(qf[a : a + n_rows], keys.t()).relu_()
         scores[a : a + n_rows, :n] = torch.bmm(wf[a : a + n_rows], s).squeeze(1)
     causal = (layout.positions + 1) // ratio

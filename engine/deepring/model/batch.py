@@ -15,7 +15,6 @@ from typing import TypeVar
 import torch
 
 from deepring.kernels.attention_prefill import SeqLayout
-from deepring.kernels.rope import rope_cis
 from deepring.model.rope import RopeTables
 
 T = TypeVar("T")
@@ -55,6 +54,7 @@ class ForwardBatch:
     layout: SeqLayout
     logits_rows: torch.Tensor  # [R] rows whose logits the step returns
     rope: dict[str, tuple[torch.Tensor, torch.Tensor]]  # kind -> (cos, sin), each [T, rope/2]
+    cis: dict[str, torch.Tensor]  # kind -> the rotations cos + i sin, complex64 [T, rope/2]
     decode_seqs: list[int]  # requests with a single row this step
     prefill_seqs: list[int]
     block_size: int
@@ -105,6 +105,8 @@ class ForwardBatch:
             return torch.tensor(x, dtype=torch.long, device=device)
 
         pos_t = lt(positions)
+        max_pos = max(c.start + len(c.token_ids) for c in chunks) - 1
+        cis = {k: rope.cis(pos_t, k, max_pos) for k in ("main", "compress")}
         layout = SeqLayout(
             offsets=offsets,
             lens=lens,
@@ -121,7 +123,8 @@ class ForwardBatch:
             input_ids=lt(ids),
             layout=layout,
             logits_rows=lt(rows),
-            rope={k: rope.cos_sin(pos_t, k) for k in ("main", "compress")},
+            rope={k: (c.real, c.imag) for k, c in cis.items()},
+            cis=cis,
             decode_seqs=[s for s, n in enumerate(lens) if n == 1],
             prefill_seqs=[s for s, n in enumerate(lens) if n > 1],
             block_size=block_size,
@@ -131,6 +134,10 @@ class ForwardBatch:
     @property
     def num_tokens(self) -> int:
         return int(self.input_ids.shape[0])
+
+    @property
+    def max_position(self) -> int:
+        return max(c.start + len(c.token_ids) for c in self.chunks) - 1
 
     @property
     def is_decode(self) -> bool:
@@ -143,9 +150,12 @@ class ForwardBatch:
         return self._plans[key]  # type: ignore[return-value]
 
     def rope_cis(self, kind: str, inverse: bool, dim: int) -> torch.Tensor:
-        """rope_cis of this step's `kind` angles, once per step."""
-        cos, sin = self.rope[kind]
-        return self.cached(("cis", kind, inverse, dim), lambda: rope_cis(cos, sin, inverse, dim))
+        """rope_cis of this step's `kind` angles (a view of the step's rotations, conjugated
+        once per step for the inverse)."""
+        c = self.cis[kind]
+        if inverse:
+            c = self.cached(("cis_inv", kind), lambda: c.conj().resolve_conj())
+        return c.view((c.shape[0],) + (1,) * (dim - 2) + (c.shape[-1],))
 
     def tail_rows(self, length: int) -> tuple[torch.Tensor | slice, torch.Tensor]:
         """Rows among each request's last `length` positions (a slice when that is every row),
@@ -216,9 +226,11 @@ class ForwardBatch:
         self._plans[key] = plan
         return plan
 
-    def plan_rope(self, ratio: int, overlap: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    def plan_rope(self, ratio: int, overlap: bool) -> torch.Tensor:
+        """The compress rotations of the entries compress_plan(ratio, overlap) completes,
+        complex64 [E, rope/2]."""
         key = ("comp_rope", ratio, overlap)
         if key not in self._plans:
             pos = self.compress_plan(ratio, overlap).rope_pos
-            self._plans[key] = self.rope_tables.cos_sin(pos, "compress")
+            self._plans[key] = self.rope_tables.cis(pos, "compress", self.max_position)
         return self._plans[key]  # type: ignore[return-value]

@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from deepring.cache.pool import LayerCache
+from deepring.kernels.gather import take_rows
 from deepring.kernels.indexer import indexer_topk
 from deepring.kernels.rope import apply_rope
 from deepring.model.batch import ForwardBatch
@@ -40,12 +41,18 @@ def compress_into(
     flat_gate = tail_gate.view(-1, width)
     if plan.entry_seq.numel():
         if plan.chunk_only:  # nothing to take from the tail state: one gather, not two
-            rows_kv = kv[plan.chunk_row].to(torch.promote_types(kv.dtype, flat_kv.dtype))
-            rows_gate = gate[plan.chunk_row].to(torch.promote_types(gate.dtype, flat_gate.dtype))
+            rows_kv = take_rows(kv, plan.chunk_row).to(torch.promote_types(kv.dtype, flat_kv.dtype))
+            rows_gate = take_rows(gate, plan.chunk_row).to(
+                torch.promote_types(gate.dtype, flat_gate.dtype)
+            )
         else:
             fc = plan.from_chunk[..., None]
-            rows_kv = torch.where(fc, kv[plan.chunk_row], flat_kv[plan.state_row])
-            rows_gate = torch.where(fc, gate[plan.chunk_row], flat_gate[plan.state_row])
+            rows_kv = torch.where(
+                fc, take_rows(kv, plan.chunk_row), take_rows(flat_kv, plan.state_row)
+            )
+            rows_gate = torch.where(
+                fc, take_rows(gate, plan.chunk_row), take_rows(flat_gate, plan.state_row)
+            )
         if overlap:
             hd = width // 2
             rows_kv = torch.cat([rows_kv[:, :ratio, :hd], rows_kv[:, ratio:, hd:]], 1)
@@ -62,8 +69,8 @@ def compress_into(
         rows_gate = rows_gate.masked_fill(~plan.valid[..., None], float("-inf"))
         weights = torch.softmax(rows_gate, dim=1).to(rows_kv.dtype)
         pooled = norm((rows_kv * weights).sum(1))
-        cos, sin = batch.plan_rope(ratio, overlap)
-        pooled = apply_rope(pooled, cos, sin, inplace=True)
+        cis = batch.plan_rope(ratio, overlap)
+        pooled = apply_rope(pooled, cis.real, cis.imag, inplace=True, cis=cis)
         out_cache.view(-1, out_cache.shape[-1])[plan.dest] = pooled.to(out_cache.dtype)
     flat_kv[plan.keep_dest] = kv[plan.keep_rows].to(flat_kv.dtype)
     flat_gate[plan.keep_dest] = gate[plan.keep_rows].to(flat_gate.dtype)

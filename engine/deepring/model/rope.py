@@ -36,8 +36,14 @@ def yarn_inv_freq(dim: int, theta: float, yarn: YarnScaling) -> torch.Tensor:
     return (1.0 / (yarn.factor * pos)) * (1 - extrapolate) + (1.0 / pos) * extrapolate
 
 
+# Rotations of positions below this are looked up in a table built on first need (2^16
+# positions take 16 MiB per kind at V4's 64 rope channels); later ones are computed per call.
+TABLE_POSITIONS = 1 << 16
+
+
 class RopeTables:
-    """inv_freq for the `main` (sliding layers) and `compress` (CSA/HCA layers, indexer) RoPEs."""
+    """inv_freq for the `main` (sliding layers) and `compress` (CSA/HCA layers, indexer) RoPEs,
+    and tables of their rotations by position."""
 
     def __init__(self, config: ModelConfig, device: torch.device | str = "cpu") -> None:
         dim = config.rope_head_dim
@@ -47,6 +53,25 @@ class RopeTables:
         else:
             comp = yarn_inv_freq(dim, config.compress_rope_theta, config.yarn)
         self.compress = comp.to(device)
+        self._tables: dict[str, torch.Tensor] = {}
+
+    def cis(self, positions: torch.Tensor, kind: str, max_pos: int | None = None) -> torch.Tensor:
+        """exp(i * angle) as complex64 [*positions.shape, rope_dim // 2]: the same values as
+        torch.complex(*cos_sin(positions, kind)). max_pos: the largest position, if known.
+
+        A step looks its rotations up (one op) instead of computing them (half a dozen): a
+        decode step of a small model is dominated by the count of its ops."""
+        if max_pos is None:
+            max_pos = int(positions.max()) if positions.numel() else 0
+        if max_pos >= TABLE_POSITIONS:
+            return torch.complex(*self.cos_sin(positions, kind))
+        table = self._tables.get(kind)
+        if table is None or table.shape[0] <= max_pos:
+            have = 0 if table is None else table.shape[0]
+            n = min(TABLE_POSITIONS, max(max_pos + 1, 2 * have, 4096))
+            pos = torch.arange(n, device=positions.device)
+            table = self._tables[kind] = torch.complex(*self.cos_sin(pos, kind))
+        return table.index_select(0, positions.reshape(-1)).view(*positions.shape, -1)
 
     def cos_sin(
         self, positions: torch.Tensor, kind: str, dtype: torch.dtype = torch.float32
