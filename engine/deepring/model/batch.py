@@ -45,6 +45,10 @@ class CompressPlan:
     keep_rows: torch.Tensor | slice  # [K] step rows to remember in the tail state (or all)
     keep_dest: torch.Tensor  # [K] their flat index in the tail state
     chunk_only: bool = False  # no valid row comes from the tail state (e.g. a prefill from 0)
+    # [E, R] each row's place in the tail state viewed as [-1, hd] (CSA: the half of the tail
+    # row that the overlapping window pools; HCA: the tail row).
+    tail_row: torch.Tensor | None = None
+    all_valid: bool = False  # every row is at a position >= 0
 
 
 @dataclass
@@ -192,6 +196,7 @@ class ForwardBatch:
             self._plans[key] = plan = CompressPlan(
                 entry_seq=none, from_chunk=rows.bool(), chunk_row=rows, state_row=rows,
                 valid=rows.bool(), dest=none, rope_pos=none, keep_rows=keep, keep_dest=keep_dest,
+                tail_row=rows, all_valid=True,
             )  # fmt: skip
             return plan
         n_rows = state_len
@@ -211,17 +216,23 @@ class ForwardBatch:
         state_row = lay.slots[entry_seq][:, None] * state_len + torch.remainder(pos, state_len)
         epb = self.block_size // ratio
         blk = lay.block_tables[entry_seq, (w * ratio) // self.block_size]
+        tail_row = state_row
+        if overlap:  # rows of the previous window pool their first half, the others the second
+            tail_row = state_row * 2 + (torch.arange(n_rows, device=dev) >= ratio)
+        valid = pos >= 0
         plan = CompressPlan(
             entry_seq=entry_seq,
             from_chunk=from_chunk,
             chunk_row=chunk_row,
             state_row=state_row,
-            valid=pos >= 0,
+            valid=valid,
             dest=blk * epb + w % epb,
             rope_pos=w * ratio,
             keep_rows=keep,
             keep_dest=keep_dest,
             chunk_only=bool((from_chunk | (pos < 0)).all()),
+            tail_row=tail_row,
+            all_valid=bool(valid.all()),
         )
         self._plans[key] = plan
         return plan

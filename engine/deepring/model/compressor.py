@@ -17,7 +17,7 @@ from deepring.cache.pool import LayerCache
 from deepring.kernels.gather import take_rows
 from deepring.kernels.indexer import indexer_topk
 from deepring.kernels.rope import apply_rope
-from deepring.model.batch import ForwardBatch
+from deepring.model.batch import CompressPlan, ForwardBatch
 from deepring.model.config import ModelConfig
 from deepring.model.norm import RMSNorm, linear
 
@@ -39,6 +39,20 @@ def compress_into(
     width = kv.shape[1]
     flat_kv = tail_kv.view(-1, width)
     flat_gate = tail_gate.view(-1, width)
+    if batch.is_decode and kv.dtype == tail_kv.dtype:
+        # One row per request: stored first, the rows of every window completed now are all
+        # in the tail (the window ends at this row; the slot overwritten held the position
+        # just before the window). One gather per tensor then also takes the right half of
+        # an overlapping window's rows.
+        flat_kv[plan.keep_dest] = kv
+        flat_gate[plan.keep_dest] = gate
+        if plan.entry_seq.numel():
+            hd = out_cache.shape[-1]
+            rows_kv = take_rows(tail_kv.view(-1, hd), plan.tail_row)
+            bias = position_bias.view(ratio, -1, hd).transpose(0, 1).reshape(-1, hd)
+            rows_gate = take_rows(tail_gate.view(-1, hd), plan.tail_row).float() + bias
+            _pool(batch, plan, rows_kv, rows_gate, norm, out_cache, ratio, overlap)
+        return
     if plan.entry_seq.numel():
         if plan.chunk_only:  # nothing to take from the tail state: one gather, not two
             rows_kv = take_rows(kv, plan.chunk_row).to(torch.promote_types(kv.dtype, flat_kv.dtype))
@@ -66,14 +80,30 @@ def compress_into(
             )
         else:
             rows_gate = rows_gate.float() + position_bias
-        rows_gate = rows_gate.masked_fill(~plan.valid[..., None], float("-inf"))
-        weights = torch.softmax(rows_gate, dim=1).to(rows_kv.dtype)
-        pooled = norm((rows_kv * weights).sum(1))
-        cis = batch.plan_rope(ratio, overlap)
-        pooled = apply_rope(pooled, cis.real, cis.imag, inplace=True, cis=cis)
-        out_cache.view(-1, out_cache.shape[-1])[plan.dest] = pooled.to(out_cache.dtype)
+        _pool(batch, plan, rows_kv, rows_gate, norm, out_cache, ratio, overlap)
     flat_kv[plan.keep_dest] = kv[plan.keep_rows].to(flat_kv.dtype)
     flat_gate[plan.keep_dest] = gate[plan.keep_rows].to(flat_gate.dtype)
+
+
+def _pool(
+    batch: ForwardBatch,
+    plan: CompressPlan,
+    rows_kv: torch.Tensor,
+    rows_gate: torch.Tensor,
+    norm: RMSNorm,
+    out_cache: torch.Tensor,
+    ratio: int,
+    overlap: bool,
+) -> None:
+    """Each entry's rows [E, R, hd] weighted by the softmax of their gates (fp32, position bias
+    added) over the window, summed, normalised and rotated, into the paged cache."""
+    if not plan.all_valid:
+        rows_gate = rows_gate.masked_fill(~plan.valid[..., None], float("-inf"))
+    weights = torch.softmax(rows_gate, dim=1).to(rows_kv.dtype)
+    pooled = norm((rows_kv * weights).sum(1))
+    cis = batch.plan_rope(ratio, overlap)
+    pooled = apply_rope(pooled, cis.real, cis.imag, inplace=True, cis=cis)
+    out_cache.view(-1, out_cache.shape[-1])[plan.dest] = pooled.to(out_cache.dtype)
 
 
 class Indexer(nn.Module):
