@@ -170,3 +170,32 @@ def test_slot_allocator():
     with pytest.raises(ValueError, match="not allocated"):
         s.free(a)
     assert s.allocate() == a
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(st.integers(0, 300), min_size=1, max_size=6),
+    st.sampled_from([(4, True), (2, True), (8, False), (16, False)]),
+)
+def test_decode_compress_plan_equals_the_general_one(positions, shape):
+    """A decode step's compressor plan is built from ints; it must hold what the general
+    builder computes for the same batch."""
+    from deepring.model.batch import ForwardBatch
+    from deepring.model.rope import RopeTables
+
+    ratio, overlap = shape
+    bs = 16
+    chunks = [
+        # Slots and blocks out of order, so that a mix-up of request and slot shows.
+        SeqChunk([5], p, slot=7 - i, block_ids=[100 + 10 * i + b for b in range(p // bs + 1)])
+        for i, p in enumerate(positions)
+    ]
+    batch = ForwardBatch.build(chunks, RopeTables(model_config("swa-csa-hca")), bs, "cpu")
+    keep, keep_dest = batch.tail_rows(2 * ratio if overlap else ratio)
+    fast = batch._decode_compress_plan(ratio, overlap, keep_dest)
+    slow = batch._general_compress_plan(ratio, overlap, keep, keep_dest)
+    assert fast.entry_seq.tolist() == [i for i, p in enumerate(positions) if (p + 1) % ratio == 0]
+    for name in ("entry_seq", "from_chunk", "chunk_row", "state_row", "valid", "dest",
+                 "rope_pos", "keep_dest", "tail_row"):  # fmt: skip
+        assert torch.equal(getattr(fast, name), getattr(slow, name)), name
+    assert (fast.chunk_only, fast.all_valid) == (slow.chunk_only, slow.all_valid)

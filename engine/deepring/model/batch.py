@@ -185,21 +185,20 @@ class ForwardBatch:
         key = ("comp", ratio, overlap)
         if key in self._plans:
             return self._plans[key]  # type: ignore[return-value]
+        keep, keep_dest = self.tail_rows(2 * ratio if overlap else ratio)
+        if self.is_decode:
+            plan = self._decode_compress_plan(ratio, overlap, keep_dest)
+        else:
+            plan = self._general_compress_plan(ratio, overlap, keep, keep_dest)
+        self._plans[key] = plan
+        return plan
+
+    def _general_compress_plan(
+        self, ratio: int, overlap: bool, keep: torch.Tensor | slice, keep_dest: torch.Tensor
+    ) -> CompressPlan:
         lay = self.layout
         dev = lay.positions.device
-        state_len = 2 * ratio if overlap else ratio
-        keep, keep_dest = self.tail_rows(state_len)
-        if self.is_decode and all((p + 1) % ratio for p in lay.starts):
-            # Most decode steps complete no window: no entries, only the tail state to update.
-            none = torch.zeros(0, dtype=torch.long, device=dev)
-            rows = none.view(0, state_len)
-            self._plans[key] = plan = CompressPlan(
-                entry_seq=none, from_chunk=rows.bool(), chunk_row=rows, state_row=rows,
-                valid=rows.bool(), dest=none, rope_pos=none, keep_rows=keep, keep_dest=keep_dest,
-                tail_row=rows, all_valid=True,
-            )  # fmt: skip
-            return plan
-        n_rows = state_len
+        n_rows = state_len = 2 * ratio if overlap else ratio
         lens_t = torch.tensor(lay.lens, device=dev)
         first = lay.starts_t // ratio
         count = (lay.starts_t + lens_t) // ratio - first
@@ -220,7 +219,7 @@ class ForwardBatch:
         if overlap:  # rows of the previous window pool their first half, the others the second
             tail_row = state_row * 2 + (torch.arange(n_rows, device=dev) >= ratio)
         valid = pos >= 0
-        plan = CompressPlan(
+        return CompressPlan(
             entry_seq=entry_seq,
             from_chunk=from_chunk,
             chunk_row=chunk_row,
@@ -234,8 +233,56 @@ class ForwardBatch:
             tail_row=tail_row,
             all_valid=bool(valid.all()),
         )
-        self._plans[key] = plan
-        return plan
+
+    def _decode_compress_plan(
+        self, ratio: int, overlap: bool, keep_dest: torch.Tensor
+    ) -> CompressPlan:
+        """compress_plan when every request has one row (row s is request s), built from the
+        chunks' ints: a few tensors from lists instead of the general path's dozens of tiny
+        ops (same values). Entry w of a request at position p exists when p + 1 = (w + 1) *
+        ratio; its rows are positions p + 1 - R .. p."""
+        n_rows = 2 * ratio if overlap else ratio
+        epb = self.block_size // ratio
+        seqs, state, tail, dest, rope_pos, firsts = [], [], [], [], [], []
+        for s, c in enumerate(self.chunks):
+            p = c.start
+            if (p + 1) % ratio:
+                continue
+            w = (p + 1) // ratio - 1
+            first = p + 1 - n_rows
+            rows = [c.slot * n_rows + (first + r) % n_rows for r in range(n_rows)]
+            seqs.append(s)
+            firsts.append(first)
+            state.extend(rows)
+            # The rows of the previous window pool the first half of their tail row, the
+            # others the second (CSA); HCA rows are whole tail rows.
+            tail.extend([2 * x + (r >= ratio) for r, x in enumerate(rows)] if overlap else rows)
+            dest.append(c.block_ids[(w * ratio) // self.block_size] * epb + w % epb)
+            rope_pos.append(w * ratio)
+        dev = self.layout.positions.device
+        e = len(seqs)
+
+        def lt(x: list[int]) -> torch.Tensor:
+            return torch.tensor(x, dtype=torch.long, device=dev)
+
+        r = torch.arange(n_rows, device=dev)
+        pos = lt(firsts)[:, None] + r  # [E, R]
+        seq_t = lt(seqs)
+        last = n_rows - 1
+        return CompressPlan(
+            entry_seq=seq_t,
+            from_chunk=(r == last).expand(e, n_rows),
+            chunk_row=(seq_t[:, None] + r - last).clamp(min=0),
+            state_row=lt(state).view(e, n_rows),
+            valid=pos >= 0,
+            dest=lt(dest),
+            rope_pos=lt(rope_pos),
+            keep_rows=slice(None),
+            keep_dest=keep_dest,
+            chunk_only=all(f + last - 1 < 0 for f in firsts),
+            tail_row=lt(tail).view(e, n_rows),
+            all_valid=all(f >= 0 for f in firsts),
+        )
 
     def plan_rope(self, ratio: int, overlap: bool) -> torch.Tensor:
         """The compress rotations of the entries compress_plan(ratio, overlap) completes,
