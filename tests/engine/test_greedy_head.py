@@ -13,7 +13,10 @@ def _fp32_argmax(y: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     return F.linear(y, w).argmax(-1)
 
 
-@pytest.mark.parametrize("vocab", [1000, 1003, 7])  # 1003 and 7: a partial last tile
+TILE = greedy_head._TILE
+
+
+@pytest.mark.parametrize("vocab", [1000, 1003, 7, 20 * TILE])  # most with a partial last tile
 def test_random_rows_match_fp32_argmax(vocab):
     g = torch.Generator().manual_seed(0)
     w = torch.randn(vocab, 64, generator=g)  # fp32 values bf16 cannot hold
@@ -45,10 +48,10 @@ def test_exact_ties_pick_the_first_token():
 
 
 def test_the_last_partial_tile_can_win():
-    w = torch.zeros(35, 8)  # 35 = 2 tiles of 16 + 3 tokens in the partial tile
-    w[34] = 1.0
+    w = torch.zeros(2 * TILE + 3, 8)  # 2 whole tiles and 3 tokens in the partial tile
+    w[2 * TILE + 2] = 1.0
     y = torch.ones(3, 8)
-    assert Bf16GreedyHead().argmax(y, w).tolist() == [34] * 3
+    assert Bf16GreedyHead().argmax(y, w).tolist() == [2 * TILE + 2] * 3
 
 
 def test_rows_whose_logits_are_all_negative_or_mixed_in_sign():
@@ -71,9 +74,10 @@ def test_rows_whose_logits_are_all_negative_or_mixed_in_sign():
     assert torch.equal(Bf16GreedyHead().argmax(y_pos, w_half), _fp32_argmax(y_pos, w_half))
     # The fp32 winner's bf16 logit is negative and every other token of its tile is too, while
     # the bf16 maximum (another tile) is positive: its tile must still be searched.
-    # Tiles are strided: with 32 tokens, tile 0 holds the even ones and tile 1 the odd ones.
+    # Tiles are strided: with 2 * TILE tokens, tile 0 holds the even ones and tile 1 the odd
+    # ones.
     y1 = torch.tensor([[1.0035, 1, 1, 1, 1, 1, 1, 1]])  # bf16: [1, 1, ...]
-    w1 = -torch.ones(32, 8)
+    w1 = -torch.ones(2 * TILE, 8)
     # The other odd tokens: logit -2^-9, negative but above the threshold (about -0.02), so
     # the tile cannot be ruled out by comparing bits with the threshold's.
     w1[1::2] = 0.0
@@ -85,11 +89,16 @@ def test_rows_whose_logits_are_all_negative_or_mixed_in_sign():
     assert F.linear(y1.to(torch.bfloat16), w1.to(torch.bfloat16))[0, 1] < 0
     assert _fp32_argmax(y1, w1).tolist() == [1]
     assert Bf16GreedyHead().argmax(y1, w1).tolist() == [1]
-    w_zero = torch.zeros(40, 8)
-    w_zero[:20] = -1.0
-    w_zero[31] = -0.0
-    # Logits are -8 (tokens 0..19) and 0 (the rest): the first 0 wins.
-    assert Bf16GreedyHead().argmax(torch.ones(2, 8), w_zero).tolist() == [20, 20]
+    # The same with the other odd tokens far below the threshold: the tile's maximum is then
+    # known only as "below 0", and the tile must still be searched.
+    w1[3::2] = -1.0
+    assert _fp32_argmax(y1, w1).tolist() == [1]
+    assert Bf16GreedyHead().argmax(y1, w1).tolist() == [1]
+    w_zero = torch.zeros(2 * TILE + 8, 8)
+    w_zero[: TILE + 4] = -1.0
+    w_zero[TILE + 11] = -0.0
+    # Logits are -8 (tokens 0..TILE+3) and 0 (the rest): the first 0 wins.
+    assert Bf16GreedyHead().argmax(torch.ones(2, 8), w_zero).tolist() == [TILE + 4] * 2
 
 
 def test_non_finite_rows_fall_back_to_fp32():

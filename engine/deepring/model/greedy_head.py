@@ -25,8 +25,9 @@ import torch.nn.functional as F
 
 _U_OUT = 2.0**-8 / (1 - 2.0**-8)
 # Tokens per tile of the max pass: few enough that a tile reaching the threshold holds few
-# tokens to check, enough that the tile maxima are a small array.
-_TILE = 16
+# tokens to check, enough that the tile maxima are a small array (ad-hoc timing, 32 rows of a
+# 129k vocabulary: 64 took 2.4 ms a step against 2.8 ms with 16; 128 and 256 no better).
+_TILE = 64
 
 
 @functools.cache
@@ -90,7 +91,7 @@ class Bf16GreedyHead:
         tile_key = keys[:, :whole].view(n, _TILE, stride).amax(1)
         if whole < vocab:
             tile_key = torch.cat([tile_key, keys[:, whole:].amax(-1, keepdim=True)], 1)
-        tile_max = tile_key.view(torch.bfloat16).float().masked_fill_(tile_key < 0, 0.0)
+        tile_max = tile_key.clamp(min=0).view(torch.bfloat16).float()  # key 0 is +0.0
         best = tile_max.amax(-1)  # exact where a row has a value >= 0
         neg = tile_key.amax(-1) < 0
         if bool(neg.any()):  # every logit negative: the exact maximum from the values
