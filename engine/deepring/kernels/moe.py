@@ -85,20 +85,22 @@ def moe_experts_torch(
     if n * k <= 8:
         return _moe_few_tokens(x, idx, weights, gate_up, down, limit)
     order, counts = _group(idx, gate_up.shape[0])
-    rows = order // k
-    w_sorted = weights.reshape(-1)[order]
+    # Every pick's input row, grouped by expert, in one gather (index_select: see
+    # kernels.gather); each expert then reads a contiguous slice.
+    xs = x.index_select(0, order // k)
+    w_sorted = weights.reshape(-1).index_select(0, order).to(x.dtype)[:, None]
     y_sorted = torch.empty(n * k, x.shape[1], dtype=x.dtype, device=x.device)
     start = 0
     for e, c in enumerate(counts):
         if c == 0:
             continue
         seg = slice(start, start + c)
-        g, u = F.linear(x[rows[seg]], gate_up[e]).chunk(2, dim=-1)
+        g, u = F.linear(xs[seg], gate_up[e]).chunk(2, dim=-1)
         act = clamped_swiglu(g, u, limit)
-        y_sorted[seg] = F.linear(act, down[e]) * w_sorted[seg, None].to(x.dtype)
+        torch.mul(F.linear(act, down[e]), w_sorted[seg], out=y_sorted[seg])
         start += c
     y = torch.empty_like(y_sorted)
-    y[order] = y_sorted
+    y.index_copy_(0, order, y_sorted)
     return y.view(n, k, -1).sum(1)
 
 
