@@ -109,11 +109,14 @@ class Bf16GreedyHead:
         k = torch.arange(_TILE)
         cols = torch.where(tt[:, None] < stride, tt[:, None] + k * stride, whole + k)
         cols = cols.clamp_(max=vocab - 1)
-        keep = approx[rt[:, None], cols].float() >= thr[rt, None]
+        # Flat index_select rather than approx[rows, cols]: see kernels.gather.
+        flat = (rt[:, None] * vocab + cols).view(-1)
+        thr_of = thr.index_select(0, rt).repeat_interleave(_TILE)
+        keep = approx.view(-1).index_select(0, flat).float() >= thr_of
         # (Clamping may list a token twice: harmless below.)
-        r, j = rt[:, None].expand_as(cols)[keep], cols[keep]
+        r, j = rt.repeat_interleave(_TILE)[keep], cols.view(-1)[keep]
         # Usually one candidate per row; ties in bf16 leave a few, settled by their fp32 logits.
-        exact = (w[j].float() * y[r]).sum(-1)
+        exact = (w.index_select(0, j).float() * y.index_select(0, r)).sum(-1)
         top = torch.full((n,), float("-inf")).scatter_reduce(0, r, exact, "amax")
         win = exact == top[r]
         idx = torch.full((n,), vocab, dtype=torch.long).scatter_reduce(0, r[win], j[win], "amin")
