@@ -47,7 +47,7 @@ class Attention(nn.Module):
 
     def forward(self, x: torch.Tensor, batch: ForwardBatch, cache: LayerCache) -> torch.Tensor:
         t = x.shape[0]
-        cos, sin = batch.rope[self.rope_kind]
+        cos, sin = batch.cos_sin(self.rope_kind)
         proj = self._in_proj(x)
         q_lora = self.q_a_norm(proj[0])
         q = rms_norm(self.q_b_proj(q_lora).view(t, self.heads, self.head_dim), None, self.eps)

@@ -57,7 +57,6 @@ class ForwardBatch:
     input_ids: torch.Tensor  # [T] int64
     layout: SeqLayout
     logits_rows: torch.Tensor  # [R] rows whose logits the step returns
-    rope: dict[str, tuple[torch.Tensor, torch.Tensor]]  # kind -> (cos, sin), each [T, rope/2]
     cis: dict[str, torch.Tensor]  # kind -> the rotations cos + i sin, complex64 [T, rope/2]
     decode_seqs: list[int]  # requests with a single row this step
     prefill_seqs: list[int]
@@ -127,7 +126,6 @@ class ForwardBatch:
             input_ids=lt(ids),
             layout=layout,
             logits_rows=lt(rows),
-            rope={k: (c.real, c.imag) for k, c in cis.items()},
             cis=cis,
             decode_seqs=[s for s, n in enumerate(lens) if n == 1],
             prefill_seqs=[s for s, n in enumerate(lens) if n > 1],
@@ -152,6 +150,15 @@ class ForwardBatch:
         if key not in self._plans:
             self._plans[key] = build()
         return self._plans[key]  # type: ignore[return-value]
+
+    def cos_sin(self, kind: str) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and sin [T, rope/2] of this step's `kind` angles: views of the rotations on CPU
+        (whose torch path reads the rotations themselves), contiguous copies once per step
+        for the kernels elsewhere."""
+        c = self.cis[kind]
+        if c.device.type == "cpu":
+            return c.real, c.imag
+        return self.cached(("cos_sin", kind), lambda: (c.real.contiguous(), c.imag.contiguous()))
 
     def rope_cis(self, kind: str, inverse: bool, dim: int) -> torch.Tensor:
         """rope_cis of this step's `kind` angles (a view of the step's rotations, conjugated

@@ -138,7 +138,7 @@ class Indexer(nn.Module):
             batch, kv, gate, cache.index_tail_kv, cache.index_tail_gate, self.position_bias,
             self.kv_norm, cache.index, self.ratio, overlap=True,
         )  # fmt: skip
-        cos, sin = batch.rope["compress"]
+        cos, sin = batch.cos_sin("compress")
         q = self.q_b_proj(q_lora).view(-1, self.heads, self.hd)
         q = apply_rope(q, cos, sin, inplace=True, cis=batch.rope_cis("compress", False, 3))
         w = weights.float() * self.heads**-0.5
