@@ -36,8 +36,12 @@ def _pair_aligned(seg: torch.Tensor) -> bool:
 
 def rope_cis(cos: torch.Tensor, sin: torch.Tensor, inverse: bool, dim: int) -> torch.Tensor:
     """The rotations exp(+-i*angle) as complex64, shaped to broadcast over x of `dim` dims."""
-    view = (cos.shape[0],) + (1,) * (dim - 2) + (cos.shape[-1],)
-    return torch.complex(cos.float(), -sin.float() if inverse else sin.float()).view(view)
+    return broadcast_cis(torch.complex(cos.float(), -sin.float() if inverse else sin.float()), dim)
+
+
+def broadcast_cis(cis: torch.Tensor, dim: int) -> torch.Tensor:
+    """Rotations [T, R/2] viewed to broadcast over x [T, ..., D] of `dim` dims."""
+    return cis.view((cis.shape[0],) + (1,) * (dim - 2) + (cis.shape[-1],))
 
 
 if HAVE_TRITON:

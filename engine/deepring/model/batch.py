@@ -15,6 +15,7 @@ from typing import TypeVar
 import torch
 
 from deepring.kernels.attention_prefill import SeqLayout
+from deepring.kernels.rope import broadcast_cis
 from deepring.model.rope import RopeTables
 
 T = TypeVar("T")
@@ -44,11 +45,11 @@ class CompressPlan:
     rope_pos: torch.Tensor  # [E] position of the entry's first token
     keep_rows: torch.Tensor | slice  # [K] step rows to remember in the tail state (or all)
     keep_dest: torch.Tensor  # [K] their flat index in the tail state
-    chunk_only: bool = False  # no valid row comes from the tail state (e.g. a prefill from 0)
+    chunk_only: bool  # no valid row comes from the tail state (e.g. a prefill from 0)
     # [E, R] each row's place in the tail state viewed as [-1, hd] (CSA: the half of the tail
     # row that the overlapping window pools; HCA: the tail row).
-    tail_row: torch.Tensor | None = None
-    all_valid: bool = False  # every row is at a position >= 0
+    tail_row: torch.Tensor
+    all_valid: bool  # every row is at a position >= 0
 
 
 @dataclass
@@ -61,6 +62,7 @@ class ForwardBatch:
     decode_seqs: list[int]  # requests with a single row this step
     prefill_seqs: list[int]
     block_size: int
+    max_position: int  # the largest position in the step
     rope_tables: RopeTables
     _plans: dict[tuple, object] = field(default_factory=dict)
 
@@ -130,16 +132,13 @@ class ForwardBatch:
             decode_seqs=[s for s, n in enumerate(lens) if n == 1],
             prefill_seqs=[s for s, n in enumerate(lens) if n > 1],
             block_size=block_size,
+            max_position=max_pos,
             rope_tables=rope,
         )
 
     @property
     def num_tokens(self) -> int:
         return int(self.input_ids.shape[0])
-
-    @property
-    def max_position(self) -> int:
-        return max(c.start + len(c.token_ids) for c in self.chunks) - 1
 
     @property
     def is_decode(self) -> bool:
@@ -166,7 +165,7 @@ class ForwardBatch:
         c = self.cis[kind]
         if inverse:
             c = self.cached(("cis_inv", kind), lambda: c.conj().resolve_conj())
-        return c.view((c.shape[0],) + (1,) * (dim - 2) + (c.shape[-1],))
+        return broadcast_cis(c, dim)
 
     def tail_rows(self, length: int) -> tuple[torch.Tensor | slice, torch.Tensor]:
         """Rows among each request's last `length` positions (a slice when that is every row),
