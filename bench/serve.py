@@ -112,6 +112,7 @@ def bench_offline(args, concurrency: int, seed: int) -> float:
     """LLM.generate tokens/s over the same requests, max_num_seqs = concurrency."""
     import torch
     from deepring import LLM, SamplingParams
+    from deepring.config import EngineSpec
 
     torch.set_num_threads(args.baseline_threads)
     params = SamplingParams(temperature=0, max_tokens=args.max_tokens)
@@ -122,7 +123,7 @@ def bench_offline(args, concurrency: int, seed: int) -> float:
         device="cpu",
         max_num_seqs=concurrency,
         max_model_len=args.max_model_len,
-        max_num_batched_tokens=2048,
+        max_num_batched_tokens=EngineSpec.max_num_batched_tokens,
     )
     llm.generate([[5, 6, 7]], SamplingParams(temperature=0, max_tokens=2))
     sets = loadgen.prompt_sets(seed, concurrency, args.requests, args.prompt_len)

@@ -44,7 +44,7 @@ def _add_engine_args(p: argparse.ArgumentParser, max_num_seqs: int = 64) -> None
     g.add_argument(
         "--max-num-batched-tokens",
         type=int,
-        default=2048,
+        default=EngineSpec.max_num_batched_tokens,
         help="token budget of one engine step (chunked prefill)",
     )
     g.add_argument(
