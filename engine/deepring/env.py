@@ -14,7 +14,7 @@ import os
 import tempfile
 from pathlib import Path
 
-KERNEL_BACKENDS = ("auto", "torch", "triton")
+KERNEL_BACKENDS = ("auto", "torch", "numba", "triton")
 
 
 def _raw(name: str) -> str | None:
@@ -34,7 +34,8 @@ def cache_dir() -> Path:
 
 
 def kernel_backend() -> str:
-    """DEEPRING_KERNELS: auto (Triton on CUDA tensors, torch otherwise) | torch | triton."""
+    """DEEPRING_KERNELS: auto (Triton on CUDA tensors, numba or torch on CPU) | torch | numba |
+    triton (see kernels.dispatch)."""
     value = _raw("DEEPRING_KERNELS")
     if value is None:
         return "auto"

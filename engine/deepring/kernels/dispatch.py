@@ -1,9 +1,15 @@
 """Choose between the Triton kernel and the torch reference for one call.
 
-DEEPRING_KERNELS=auto (default): CUDA tensors take Triton, CPU tensors the torch reference.
-DEEPRING_KERNELS=torch: always the reference. DEEPRING_KERNELS=triton: always Triton, which for
-CPU tensors only works under TRITON_INTERPRET=1 (how the tests run the whole model through the
-kernels without a GPU).
+DEEPRING_KERNELS=auto (default): CUDA tensors take Triton; fp32 CPU tensors take an op's numba
+kernel where it has one, else the torch reference. DEEPRING_KERNELS=torch: always the reference.
+DEEPRING_KERNELS=numba: the numba kernels for CPU tensors of any size. DEEPRING_KERNELS=triton:
+always Triton, which for CPU tensors only works under TRITON_INTERPRET=1 (how the tests run the
+whole model through the kernels without a GPU).
+
+Why numba on CPU: a small model's decode step is about a thousand torch ops of a few
+microseconds of work each, and each costs 10-40 us in dispatch and cold caches. A numba kernel
+does one op's whole chain of elementwise work in one call, compiled for this CPU. GEMMs stay
+with torch (oneDNN / MKL).
 """
 
 from __future__ import annotations
@@ -19,6 +25,16 @@ try:
 except ImportError:  # triton is only installed on Linux x86_64
     HAVE_TRITON = False
 
+try:
+    import numba
+
+    HAVE_NUMBA = True
+except ImportError:  # an optional speed-up: the torch reference runs without it
+    HAVE_NUMBA = False
+
+# Reassociation lets numba vectorise reductions; no "nnan"/"ninf": masks use -inf.
+_FASTMATH = {"reassoc", "contract", "arcp", "nsz"}
+
 _backend: str | None = None
 
 
@@ -28,6 +44,8 @@ def backend() -> str:
         _backend = env.kernel_backend()
         if _backend == "triton" and not HAVE_TRITON:
             raise ValueError("DEEPRING_KERNELS=triton but triton is not installed")
+        if _backend == "numba" and not HAVE_NUMBA:
+            raise ValueError("DEEPRING_KERNELS=numba but numba is not installed")
     return _backend
 
 
@@ -42,6 +60,27 @@ def use_triton(x: torch.Tensor) -> bool:
     if b == "triton":
         return True
     return b == "auto" and x.is_cuda and HAVE_TRITON
+
+
+def use_numba(x: torch.Tensor, max_rows: int | None = None) -> bool:
+    """Whether an op with a numba kernel runs it for x: fp32 CPU tensors without autograd;
+    under `auto` only up to `max_rows` rows, where an op's torch path (multi-threaded GEMMs)
+    wins beyond that."""
+    b = backend()
+    if b not in ("auto", "numba") or not HAVE_NUMBA:
+        return False
+    if b == "auto" and max_rows is not None and x.shape[0] > max_rows:
+        return False
+    return x.device.type == "cpu" and x.dtype == torch.float32 and not x.requires_grad
+
+
+def cpu_kernel(fn):
+    """A numba CPU kernel: compiled on first call for the argument types it gets, and cached
+    on disk (numba's cache) so later processes load it instead of compiling again. Without
+    numba the plain function is returned; use_numba keeps it from being called."""
+    if not HAVE_NUMBA:
+        return fn
+    return numba.njit(cache=True, fastmath=_FASTMATH, nogil=True, error_model="numpy")(fn)
 
 
 def next_pow2(n: int) -> int:

@@ -1,0 +1,94 @@
+"""The numba CPU kernels against their torch references, and the dispatch between them."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from deepring.kernels import dispatch
+from deepring.kernels.hyper import (
+    hc_merge,
+    hc_merge_numba,
+    hc_merge_torch,
+    hc_pre,
+    hc_pre_numba,
+    hc_pre_torch,
+)
+
+
+def _hc_params(g: torch.Generator, hc: int, d: int) -> tuple[torch.Tensor, ...]:
+    n = (2 + hc) * hc
+    fn = torch.randn(n, hc * d, generator=g) * 0.1
+    base = torch.randn(n, generator=g)
+    # One scale per group (pre, post, comb), as HyperConnection builds it.
+    s = torch.rand(3, generator=g) + 0.5
+    scale = torch.cat([s[0].expand(hc), s[1].expand(hc), s[2].expand(hc * hc)])
+    return fn, base, scale
+
+
+@pytest.mark.parametrize(
+    ("rows", "hc", "d", "iters"),
+    [(1, 4, 128, 20), (7, 4, 64, 1), (70, 4, 32, 5), (300, 2, 16, 20), (33, 3, 8, 2)],
+)
+def test_hc_pre_numba_equals_torch(rows, hc, d, iters):
+    g = torch.Generator().manual_seed(rows * 100 + hc)
+    fn, base, scale = _hc_params(g, hc, d)
+    # Streams of very different sizes, so the norm matters.
+    h = torch.randn(rows, hc, d, generator=g) * torch.rand(rows, 1, 1, generator=g) * 10
+    with torch.inference_mode():
+        got = hc_pre_numba(h, fn, base, scale, iters, 1e-6, 1e-6)
+        want = hc_pre_torch(h, fn, base, scale, iters, 1e-6, 1e-6)
+    for name, a, b in zip(("post", "comb_t", "x"), got, want, strict=True):
+        assert a.shape == b.shape, name
+        torch.testing.assert_close(a, b.contiguous(), atol=2e-5, rtol=1e-4, msg=name)
+    # comb_t is doubly stochastic (up to eps and the iteration count's residue).
+    if iters == 20:
+        torch.testing.assert_close(got[1].sum(-1), torch.ones(rows, hc), atol=1e-3, rtol=0)
+
+
+@pytest.mark.parametrize(("rows", "hc", "d"), [(1, 4, 128), (40, 4, 64), (5, 2, 24)])
+def test_hc_merge_numba_equals_torch(rows, hc, d):
+    g = torch.Generator().manual_seed(rows + hc)
+    h = torch.randn(rows, hc, d, generator=g)
+    out = torch.randn(rows, d, generator=g)
+    post = torch.rand(rows, hc, generator=g) * 2
+    comb_t = torch.rand(rows, hc, hc, generator=g)
+    # A transposed (non-contiguous) comb_t, as the torch hc_pre returns it.
+    comb_nc = comb_t.transpose(1, 2).contiguous().transpose(1, 2)
+    got = hc_merge_numba(h, out, post, comb_nc)
+    want = hc_merge_torch(h, out, post, comb_t)
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+
+
+def test_dispatch_picks_numba_for_cpu_fp32_unless_told_torch(monkeypatch):
+    g = torch.Generator().manual_seed(0)
+    fn, base, scale = _hc_params(g, 4, 16)
+    h = torch.randn(3, 4, 16, generator=g)
+    calls: list[str] = []
+    import deepring.kernels.hyper as hyper
+
+    for name in ("hc_pre_numba", "hc_pre_torch"):
+        real = getattr(hyper, name)
+        monkeypatch.setattr(hyper, name, lambda *a, _n=name, _r=real: calls.append(_n) or _r(*a))
+    for setting, expect in (("auto", "hc_pre_numba"), ("torch", "hc_pre_torch")):
+        monkeypatch.setenv("DEEPRING_KERNELS", setting)
+        dispatch.reset()
+        try:
+            hc_pre(h, fn, base, scale, 3, 1e-6, 1e-6)
+            hc_pre(h.bfloat16(), fn, base, scale, 3, 1e-6, 1e-6)
+        finally:
+            dispatch.reset()
+        # bf16 streams (a bf16 model) are not the numba kernels' dtype: the reference runs them.
+        assert calls == [expect, "hc_pre_torch"], setting
+        calls.clear()
+    monkeypatch.setenv("DEEPRING_KERNELS", "auto")
+    dispatch.reset()
+    try:  # merge: mixed dtypes (a bf16 sublayer output) stay on the reference
+        post, comb_t, _ = hc_pre_torch(h, fn, base, scale, 3, 1e-6, 1e-6)
+        out = torch.randn(3, 16, generator=g)
+        torch.testing.assert_close(
+            hc_merge(h, out, post, comb_t), hc_merge_torch(h, out, post, comb_t)
+        )
+        merged = hc_merge(h.bfloat16(), out.bfloat16(), post, comb_t)
+        assert merged.dtype == torch.bfloat16
+    finally:
+        dispatch.reset()
