@@ -151,3 +151,66 @@ def test_rms_norm_numba_equals_torch(shape, weighted):
     if len(shape) == 3:
         xs = x[:, 1:3]
         torch.testing.assert_close(rms_norm_numba(xs, w, 1e-6), rms_norm_torch(xs, w, 1e-6))
+
+
+@pytest.mark.parametrize("func", ["sqrtsoftplus", "softmax", "sigmoid"])
+@pytest.mark.parametrize("hashed", [False, True])
+@pytest.mark.parametrize(("rows", "experts", "k"), [(1, 8, 2), (40, 16, 6)])
+def test_router_numba_equals_torch(monkeypatch, func, hashed, rows, experts, k):
+    from deepring.model.moe import Router
+    from v4_helpers import model_config
+
+    cfg = model_config(
+        "swa-csa-hca", n_routed_experts=experts, num_experts_per_tok=k, scoring_func=func
+    )
+    g = torch.Generator().manual_seed(rows + experts + hashed)
+    r = Router(cfg, hashed)
+    with torch.no_grad():
+        r.weight.copy_(torch.randn(r.weight.shape, generator=g) * 3)  # logits past 20 too
+        if hashed:
+            r.tid2eid.copy_(
+                torch.stack(
+                    [torch.randperm(experts, generator=g)[:k] for _ in range(cfg.vocab_size)]
+                )
+            )
+        else:  # a bias large enough to change the picks (it steers selection only)
+            r.e_score_correction_bias.copy_(torch.randn(experts, generator=g))
+    x = torch.randn(rows, cfg.hidden_size, generator=g)
+    ids = torch.randint(0, cfg.vocab_size, (rows,), generator=g)
+    out = {}
+    for backend in ("numba", "torch"):
+        monkeypatch.setenv("DEEPRING_KERNELS", backend)
+        dispatch.reset()
+        try:
+            with torch.inference_mode():
+                out[backend] = r(x, ids)
+        finally:
+            dispatch.reset()
+    (ia, wa), (ib, wb) = out["numba"], out["torch"]
+    assert ia.dtype == ib.dtype == torch.long
+    # Same experts in the same (descending) order, same weights.
+    assert torch.equal(ia, ib)
+    torch.testing.assert_close(wa, wb, atol=1e-6, rtol=1e-5)
+
+
+def test_model_load_compiles_every_kernel_for_the_types_steps_use():
+    """load_model compiles the numba kernels (so the first request does not), for exactly the
+    argument types a prefill and a decode step pass: the steps add no compilation."""
+    from deepring.kernels import hyper, moe, rmsnorm
+    from deepring.model.batch import SeqChunk
+    from deepring.model.loader import load_model
+    from v4_helpers import model_config, pool_for, step
+
+    kernels = [
+        hyper._hc_pre_kernel,
+        hyper._hc_merge_kernel,
+        rmsnorm._rms_norm_numba,
+        moe._route_kernel,
+    ]
+    model = load_model(model_config("swa-csa-hca"), load_format="dummy", device="cpu").model
+    compiled = [len(k.signatures) for k in kernels]
+    assert all(compiled), compiled
+    pool = pool_for(model, num_blocks=8, num_slots=2, block_size=16)
+    step(model, pool, [SeqChunk(list(range(5, 25)), 0, 0, [1, 2])])
+    step(model, pool, [SeqChunk([7], 20, 0, [1, 2])])
+    assert [len(k.signatures) for k in kernels] == compiled

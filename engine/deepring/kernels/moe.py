@@ -8,10 +8,84 @@ token are summed in a fixed order, so the result does not depend on the other to
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
-from deepring.kernels.dispatch import HAVE_TRITON, use_triton
+from deepring.kernels.dispatch import HAVE_TRITON, cpu_kernel, use_triton
+
+
+@cpu_kernel
+def _route_kernel(logits, func, bias, hashed, idx, w, scaling):
+    """The router after its GEMM, per token: scores, the top-k of score + bias (unless the
+    hash table chose idx), and the chosen scores renormalised x scaling."""
+    t_rows, n_exp = logits.shape
+    k = idx.shape[1]
+    one = np.float32(1.0)
+    scores = np.empty(n_exp, np.float32)
+    key = np.empty(n_exp, np.float32)
+    for t in range(t_rows):
+        if func == 1:  # softmax (see _FUNC_CODES)
+            m = logits[t].max()
+            s = np.float32(0.0)
+            for e in range(n_exp):
+                scores[e] = np.exp(logits[t, e] - m)
+                s += scores[e]
+            for e in range(n_exp):
+                scores[e] /= s
+        else:
+            for e in range(n_exp):
+                x = logits[t, e]
+                if func == 0:  # sqrt(softplus), softplus linear above 20 as torch's
+                    scores[e] = np.sqrt(x if x > 20 else np.log1p(np.exp(x)))
+                else:
+                    scores[e] = one / (one + np.exp(-x))
+        if not hashed:  # top-k by repeated maximum: k is small (6 for V4)
+            for e in range(n_exp):
+                key[e] = scores[e] + bias[e]
+            for j in range(k):
+                best = 0
+                for e in range(1, n_exp):
+                    if key[e] > key[best]:
+                        best = e
+                idx[t, j] = best
+                key[best] = -np.inf
+        s = np.float32(0.0)
+        for j in range(k):
+            if idx[t, j] < 0 or idx[t, j] >= n_exp:
+                raise IndexError("router: expert id out of range")
+            s += scores[idx[t, j]]
+        for j in range(k):
+            w[t, j] = scores[idx[t, j]] / (s + np.float32(1e-20)) * scaling
+
+
+# The router's scoring functions, as the kernel numbers them.
+_FUNC_CODES = {"sqrtsoftplus": 0, "softmax": 1, "sigmoid": 2}
+_NO_BIAS = np.zeros(1, np.float32)
+
+
+def route_numba(
+    logits: torch.Tensor,
+    func: str,
+    bias: torch.Tensor | None,
+    hashed_idx: torch.Tensor | None,
+    top_k: int,
+    scaling: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Expert ids [T, k] and weights [T, k] from router logits [T, E] (fp32 CPU): the top-k of
+    score + bias, or the hash table's picks `hashed_idx` when given."""
+    t = logits.shape[0]
+    if hashed_idx is not None:
+        idx = hashed_idx.long().contiguous()
+    else:
+        idx = torch.empty(t, top_k, dtype=torch.long)
+    w = torch.empty(t, top_k)
+    _route_kernel(
+        logits.contiguous().numpy(), _FUNC_CODES[func],
+        _NO_BIAS if bias is None else bias.detach().float().numpy(), hashed_idx is not None,
+        idx.numpy(), w.numpy(), scaling,
+    )  # fmt: skip
+    return idx, w
 
 
 def _group(idx: torch.Tensor, n_experts: int) -> tuple[torch.Tensor, list[int]]:

@@ -9,6 +9,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from deepring.kernels.cpu_warmup import warm_up_cpu_kernels
 from deepring.model.config import ModelConfig
 from deepring.model.dummy import init_dummy_weights
 from deepring.model.model import DeepseekV4
@@ -82,4 +83,6 @@ def load_model(
     net.eval()
     net.requires_grad_(False)
     net.prepare_greedy_head()
+    if device.type == "cpu" and net.dtype == torch.float32:
+        warm_up_cpu_kernels()
     return LoadedModel(model=net, config=config, path=path)

@@ -12,7 +12,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from deepring.kernels.moe import clamped_swiglu, moe_experts
+from deepring.kernels.dispatch import use_numba
+from deepring.kernels.moe import clamped_swiglu, moe_experts, route_numba
 from deepring.model.config import HASH_MOE, ModelConfig
 from deepring.model.fused import FusedLinears
 from deepring.model.norm import linear
@@ -46,7 +47,12 @@ class Router(nn.Module):
     def forward(
         self, x: torch.Tensor, input_ids: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        scores = _score(F.linear(x, self.weight), self.func)
+        logits = F.linear(x, self.weight)
+        if use_numba(logits) and x.shape[0]:
+            bias = None if self.hashed else self.e_score_correction_bias
+            hashed_idx = self.tid2eid[input_ids] if self.hashed else None
+            return route_numba(logits, self.func, bias, hashed_idx, self.top_k, self.scaling)
+        scores = _score(logits, self.func)
         if self.hashed:
             idx = self.tid2eid[input_ids].long()
         else:

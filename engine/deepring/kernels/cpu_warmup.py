@@ -1,0 +1,31 @@
+"""Compile the numba CPU kernels when a model loads, not in its first request.
+
+numba compiles a kernel on its first call (about 3 s for all of them on the 2-core dev machine)
+or loads it from its disk cache (about 0.3 s). Each kernel is called here once on tiny inputs of
+the argument types a model step passes, so that cost lands in model loading.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from deepring.kernels.dispatch import use_numba
+from deepring.kernels.hyper import hc_merge_numba, hc_pre_numba
+from deepring.kernels.moe import route_numba
+from deepring.kernels.rmsnorm import rms_norm_numba
+
+
+def warm_up_cpu_kernels() -> None:
+    x = torch.zeros(1, 2, 4)
+    if not use_numba(x):
+        return
+    n = 4 * 2  # (2 + hc) * hc mixes for hc = 2
+    post, comb_t, out = hc_pre_numba(
+        x, torch.zeros(n, 8), torch.zeros(n), torch.ones(n), 1, 1e-6, 1e-6
+    )
+    hc_merge_numba(x, out, post, comb_t)
+    rms_norm_numba(out, torch.ones(4), 1e-6)
+    rms_norm_numba(out, None, 1e-6)
+    logits = torch.zeros(1, 4)
+    route_numba(logits, "sqrtsoftplus", torch.zeros(4), None, 2, 1.0)
+    route_numba(logits, "sqrtsoftplus", None, torch.zeros(1, 2, dtype=torch.long), 2, 1.0)
