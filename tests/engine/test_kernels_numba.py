@@ -196,7 +196,7 @@ def test_router_numba_equals_torch(monkeypatch, func, hashed, rows, experts, k):
 def test_model_load_compiles_every_kernel_for_the_types_steps_use():
     """load_model compiles the numba kernels (so the first request does not), for exactly the
     argument types a prefill and a decode step pass: the steps add no compilation."""
-    from deepring.kernels import hyper, moe, rmsnorm
+    from deepring.kernels import hyper, moe, rmsnorm, rope
     from deepring.model.batch import SeqChunk
     from deepring.model.loader import load_model
     from v4_helpers import model_config, pool_for, step
@@ -206,6 +206,7 @@ def test_model_load_compiles_every_kernel_for_the_types_steps_use():
         hyper._hc_merge_kernel,
         rmsnorm._rms_norm_numba,
         moe._route_kernel,
+        rope._norm_rope_kernel,
     ]
     model = load_model(model_config("swa-csa-hca"), load_format="dummy", device="cpu").model
     compiled = [len(k.signatures) for k in kernels]
@@ -214,3 +215,26 @@ def test_model_load_compiles_every_kernel_for_the_types_steps_use():
     step(model, pool, [SeqChunk(list(range(5, 25)), 0, 0, [1, 2])])
     step(model, pool, [SeqChunk([7], 20, 0, [1, 2])])
     assert [len(k.signatures) for k in kernels] == compiled
+
+
+@pytest.mark.parametrize("shape", [(5, 3, 16), (9, 12), (1, 2, 8)])
+@pytest.mark.parametrize("weighted", [True, False])
+def test_norm_rope_numba_equals_torch(monkeypatch, shape, weighted):
+    from deepring.kernels.rope import norm_rope
+
+    g = torch.Generator().manual_seed(shape[-1] + weighted)
+    x = torch.randn(*shape, generator=g) * 3
+    w = torch.rand(shape[-1], generator=g) + 0.5 if weighted else None
+    # cos and sin as views of complex rotations (how a CPU step passes them), rope dim 4.
+    angles = torch.rand(shape[0], 2, generator=g) * 6
+    cis = torch.polar(torch.ones_like(angles), angles)
+    out = {}
+    for backend in ("numba", "torch"):
+        monkeypatch.setenv("DEEPRING_KERNELS", backend)
+        dispatch.reset()
+        try:
+            out[backend] = norm_rope(x.clone(), w, 1e-6, cis.real, cis.imag)
+        finally:
+            dispatch.reset()
+    assert out["numba"].shape == x.shape
+    torch.testing.assert_close(out["numba"], out["torch"], atol=1e-6, rtol=1e-5)

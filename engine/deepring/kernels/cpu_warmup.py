@@ -13,6 +13,7 @@ from deepring.kernels.dispatch import use_numba
 from deepring.kernels.hyper import hc_merge_numba, hc_pre_numba
 from deepring.kernels.moe import route_numba
 from deepring.kernels.rmsnorm import rms_norm_numba
+from deepring.kernels.rope import norm_rope
 
 
 def warm_up_cpu_kernels() -> None:
@@ -29,3 +30,7 @@ def warm_up_cpu_kernels() -> None:
     logits = torch.zeros(1, 4)
     route_numba(logits, "sqrtsoftplus", torch.zeros(4), None, 2, 1.0)
     route_numba(logits, "sqrtsoftplus", None, torch.zeros(1, 2, dtype=torch.long), 2, 1.0)
+    # cos and sin as a step passes them on CPU: views of its complex rotations.
+    cis = torch.ones(1, 1, dtype=torch.complex64)
+    norm_rope(x, torch.ones(4), 1e-6, cis.real, cis.imag)
+    norm_rope(x, None, 1e-6, cis.real, cis.imag)

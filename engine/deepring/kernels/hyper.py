@@ -84,6 +84,23 @@ def hc_pre_torch(
 
 
 @cpu_kernel
+def _normalise(c, s, e, cols):
+    """One Sinkhorn pass over c[i, j, t]: each row (cols=False) or column divided by its sum
+    + e; s is scratch of length T."""
+    hc, _, t_rows = c.shape
+    for a in range(hc):
+        s[:] = e
+        for b in range(hc):
+            i, j = (b, a) if cols else (a, b)
+            for t in range(t_rows):
+                s[t] += c[i, j, t]
+        for b in range(hc):
+            i, j = (b, a) if cols else (a, b)
+            for t in range(t_rows):
+                c[i, j, t] /= s[t]
+
+
+@cpu_kernel
 def _hc_pre_kernel(h, mix, base, scale, iters, hc_eps, norm_eps, post, comb_t, x):
     t_rows, hc, d = h.shape
     k = hc * d
@@ -122,22 +139,8 @@ def _hc_pre_kernel(h, mix, base, scale, iters, hc_eps, norm_eps, post, comb_t, x
                 c[i, j, t] = c[i, j, t] / s[t] + e
     for it in range(iters):  # Sinkhorn: columns first, then rows and columns alternately
         if it > 0:
-            for i in range(hc):
-                s[:] = e
-                for j in range(hc):
-                    for t in range(t_rows):
-                        s[t] += c[i, j, t]
-                for j in range(hc):
-                    for t in range(t_rows):
-                        c[i, j, t] /= s[t]
-        for j in range(hc):
-            s[:] = e
-            for i in range(hc):
-                for t in range(t_rows):
-                    s[t] += c[i, j, t]
-            for i in range(hc):
-                for t in range(t_rows):
-                    c[i, j, t] /= s[t]
+            _normalise(c, s, e, False)
+        _normalise(c, s, e, True)
     for t in range(t_rows):
         for a in range(hc):
             for j in range(hc):

@@ -6,9 +6,11 @@ carried the key's rotation into the values.
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
-from deepring.kernels.dispatch import HAVE_TRITON, next_pow2, use_triton
+from deepring.kernels.dispatch import HAVE_TRITON, cpu_kernel, next_pow2, use_numba, use_triton
+from deepring.kernels.rmsnorm import rms_norm
 
 
 def apply_rope_torch(
@@ -42,6 +44,54 @@ def rope_cis(cos: torch.Tensor, sin: torch.Tensor, inverse: bool, dim: int) -> t
 def broadcast_cis(cis: torch.Tensor, dim: int) -> torch.Tensor:
     """Rotations [T, R/2] viewed to broadcast over x [T, ..., D] of `dim` dims."""
     return cis.view((cis.shape[0],) + (1,) * (dim - 2) + (cis.shape[-1],))
+
+
+@cpu_kernel
+def _norm_rope_kernel(x, weight, has_weight, eps, cos, sin, out):
+    t_rows, heads, d = x.shape
+    half = cos.shape[1]
+    nope = d - 2 * half
+    for t in range(t_rows):
+        for h in range(heads):
+            ss = np.float32(0.0)
+            for i in range(d):
+                ss += x[t, h, i] * x[t, h, i]
+            inv = np.float32(1.0) / np.sqrt(ss / np.float32(d) + np.float32(eps))
+            for i in range(d):
+                out[t, h, i] = x[t, h, i] * inv * (weight[i] if has_weight else np.float32(1.0))
+            for p in range(half):  # (a + ib)(cos + i sin) on the trailing channel pairs
+                a = out[t, h, nope + 2 * p]
+                b = out[t, h, nope + 2 * p + 1]
+                out[t, h, nope + 2 * p] = a * cos[t, p] - b * sin[t, p]
+                out[t, h, nope + 2 * p + 1] = b * cos[t, p] + a * sin[t, p]
+
+
+_NO_WEIGHT = np.ones(1, np.float32)
+# As rmsnorm's numba kernel: it wins up to about this many tokens.
+_NUMBA_ROWS = 1024
+
+
+def norm_rope(
+    x: torch.Tensor,
+    weight: torch.Tensor | None,
+    eps: float,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    cis: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """apply_rope(rms_norm(x, weight, eps), cos, sin) over x [T, ..., D] (a new tensor); `cis`
+    as for apply_rope. One numba kernel call on CPU instead of the norm and the rotation's
+    four ops."""
+    if use_numba(x, _NUMBA_ROWS) and cos.dtype == torch.float32:
+        t, d = x.shape[0], x.shape[-1]
+        x3 = x.contiguous().view(t, -1, d)
+        out = torch.empty_like(x3)
+        w = _NO_WEIGHT if weight is None else weight.detach().float().numpy()
+        _norm_rope_kernel(
+            x3.numpy(), w, weight is not None, eps, cos.numpy(), sin.numpy(), out.numpy()
+        )
+        return out.view(x.shape)
+    return apply_rope(rms_norm(x, weight, eps), cos, sin, inplace=True, cis=cis)
 
 
 if HAVE_TRITON:

@@ -11,8 +11,7 @@ from deepring.cache.pool import LayerCache
 from deepring.kernels.attention_decode import DecodePlan, decode_attention, decode_plan
 from deepring.kernels.attention_prefill import prefill_attention
 from deepring.kernels.dispatch import use_triton
-from deepring.kernels.rmsnorm import rms_norm
-from deepring.kernels.rope import apply_rope
+from deepring.kernels.rope import apply_rope, norm_rope
 from deepring.model.batch import ForwardBatch
 from deepring.model.compressor import Compressor
 from deepring.model.config import CSA, SLIDING, ModelConfig
@@ -50,11 +49,11 @@ class Attention(nn.Module):
         cos, sin = batch.cos_sin(self.rope_kind)
         proj = self._in_proj(x)
         q_lora = self.q_a_norm(proj[0])
-        q = rms_norm(self.q_b_proj(q_lora).view(t, self.heads, self.head_dim), None, self.eps)
         kind = self.rope_kind
-        q = apply_rope(q, cos, sin, inplace=True, cis=batch.rope_cis(kind, False, 3))
-        kv = self.kv_norm(proj[1])
-        kv = apply_rope(kv, cos, sin, inplace=True, cis=batch.rope_cis(kind, False, 2))
+        q = self.q_b_proj(q_lora).view(t, self.heads, self.head_dim)
+        q = norm_rope(q, None, self.eps, cos, sin, batch.rope_cis(kind, False, 3))
+        kv_cis = batch.rope_cis(kind, False, 2)
+        kv = norm_rope(proj[1], self.kv_norm.weight, self.kv_norm.eps, cos, sin, kv_cis)
 
         comp_idx = None
         if self.compressor is not None:
