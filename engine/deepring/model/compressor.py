@@ -16,7 +16,7 @@ from torch import nn
 from deepring.cache.pool import LayerCache
 from deepring.kernels.gather import take_rows
 from deepring.kernels.indexer import indexer_topk
-from deepring.kernels.rope import apply_rope
+from deepring.kernels.rope import apply_rope, norm_rope
 from deepring.model.batch import CompressPlan, ForwardBatch
 from deepring.model.config import ModelConfig
 from deepring.model.norm import RMSNorm, linear
@@ -100,9 +100,8 @@ def _pool(
     if not plan.all_valid:
         rows_gate = rows_gate.masked_fill(~plan.valid[..., None], float("-inf"))
     weights = torch.softmax(rows_gate, dim=1).to(rows_kv.dtype)
-    pooled = norm((rows_kv * weights).sum(1))
     cis = batch.plan_rope(ratio, overlap)
-    pooled = apply_rope(pooled, cis.real, cis.imag, inplace=True, cis=cis)
+    pooled = norm_rope((rows_kv * weights).sum(1), norm.weight, norm.eps, cis.real, cis.imag, cis)
     out_cache.view(-1, out_cache.shape[-1])[plan.dest] = pooled.to(out_cache.dtype)
 
 
