@@ -226,6 +226,6 @@ def hc_merge(
     h: torch.Tensor, out: torch.Tensor, post: torch.Tensor, comb_t: torch.Tensor
 ) -> torch.Tensor:
     same = out.dtype == post.dtype == comb_t.dtype
-    numba = use_numba(h, _MERGE_NUMBA_ROWS) and same and not out.requires_grad
-    impl = hc_merge_numba if numba else hc_merge_torch
+    fast = use_numba(h, _MERGE_NUMBA_ROWS) and same and not out.requires_grad
+    impl = hc_merge_numba if fast else hc_merge_torch
     return impl(h, out, post, comb_t)

@@ -46,15 +46,16 @@ def rms_norm_numba(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> 
     """rms_norm_torch for fp32 CPU tensors in one kernel call."""
     flat = x.contiguous().view(-1, x.shape[-1])
     out = torch.empty_like(flat)
-    w = _NO_WEIGHT if weight is None else weight.detach().float().numpy()
+    w = NO_WEIGHT if weight is None else weight.detach().float().numpy()
     _rms_norm_numba(flat.numpy(), w, weight is not None, eps, out.numpy())
     return out.view(x.shape)
 
 
-_NO_WEIGHT = np.ones(1, np.float32)
+# Stands in for an absent weight (numba needs an array of one type either way).
+NO_WEIGHT = np.ones(1, np.float32)
 # Up to this many tokens the numba kernel beats torch's (ad-hoc timing on 2 cores: 11 against
 # 20 us for 32 x 128, 43 against 88 us for 1024 x 128; even at 4096 rows).
-_NUMBA_ROWS = 1024
+NUMBA_ROWS = 1024
 
 
 if HAVE_TRITON:
@@ -102,6 +103,6 @@ def rms_norm_triton(x: torch.Tensor, weight: torch.Tensor | None, eps: float) ->
 def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
     if use_triton(x):
         return rms_norm_triton(x, weight, eps)
-    if use_numba(x, _NUMBA_ROWS):
+    if use_numba(x, NUMBA_ROWS):
         return rms_norm_numba(x, weight, eps)
     return rms_norm_torch(x, weight, eps)

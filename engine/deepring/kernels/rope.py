@@ -10,7 +10,7 @@ import numpy as np
 import torch
 
 from deepring.kernels.dispatch import HAVE_TRITON, cpu_kernel, next_pow2, use_numba, use_triton
-from deepring.kernels.rmsnorm import rms_norm
+from deepring.kernels.rmsnorm import NO_WEIGHT, NUMBA_ROWS, rms_norm
 
 
 def apply_rope_torch(
@@ -66,11 +66,6 @@ def _norm_rope_kernel(x, weight, has_weight, eps, cos, sin, out):
                 out[t, h, nope + 2 * p + 1] = b * cos[t, p] + a * sin[t, p]
 
 
-_NO_WEIGHT = np.ones(1, np.float32)
-# As rmsnorm's numba kernel: it wins up to about this many tokens.
-_NUMBA_ROWS = 1024
-
-
 def norm_rope(
     x: torch.Tensor,
     weight: torch.Tensor | None,
@@ -82,11 +77,11 @@ def norm_rope(
     """apply_rope(rms_norm(x, weight, eps), cos, sin) over x [T, ..., D] (a new tensor); `cis`
     as for apply_rope. One numba kernel call on CPU instead of the norm and the rotation's
     four ops."""
-    if use_numba(x, _NUMBA_ROWS) and cos.dtype == torch.float32:
+    if use_numba(x, NUMBA_ROWS) and cos.dtype == torch.float32:
         t, d = x.shape[0], x.shape[-1]
         x3 = x.contiguous().view(t, -1, d)
         out = torch.empty_like(x3)
-        w = _NO_WEIGHT if weight is None else weight.detach().float().numpy()
+        w = NO_WEIGHT if weight is None else weight.detach().float().numpy()
         _norm_rope_kernel(
             x3.numpy(), w, weight is not None, eps, cos.numpy(), sin.numpy(), out.numpy()
         )
