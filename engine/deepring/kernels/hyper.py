@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from deepring.kernels.dispatch import cpu_kernel, use_numba
+from deepring.kernels.rmsnorm import inv_rms
 
 # Up to this many rows, one fused norm beats normalising after the projection.
 _FEW_ROWS = 64
@@ -110,11 +111,7 @@ def _hc_pre_kernel(h, mix, base, scale, iters, hc_eps, norm_eps, post, comb_t, x
     # z[o, t]: row axis innermost, so the per-mix loops below vectorise over tokens.
     z = np.empty((m, t_rows), np.float32)
     for t in range(t_rows):
-        flat = h[t].reshape(k)
-        ss = np.float32(0.0)
-        for i in range(k):
-            ss += flat[i] * flat[i]
-        r = one / np.sqrt(ss / np.float32(k) + np.float32(norm_eps))
+        r = inv_rms(h[t].reshape(k), norm_eps)
         for o in range(m):
             z[o, t] = mix[t, o] * r * scale[o] + base[o]
     pre = np.empty((hc, t_rows), np.float32)

@@ -27,13 +27,19 @@ def rms_norm_torch(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> 
 
 
 @cpu_kernel
+def inv_rms(row, eps):
+    """1 / sqrt(mean(row^2) + eps) of a 1-D fp32 row: the RMSNorm scale, for numba kernels."""
+    ss = np.float32(0.0)
+    for i in range(row.shape[0]):
+        ss += row[i] * row[i]
+    return np.float32(1.0) / np.sqrt(ss / np.float32(row.shape[0]) + np.float32(eps))
+
+
+@cpu_kernel
 def _rms_norm_numba(x, weight, has_weight, eps, out):
     n, d = x.shape
     for r in range(n):
-        ss = np.float32(0.0)
-        for i in range(d):
-            ss += x[r, i] * x[r, i]
-        inv = np.float32(1.0) / np.sqrt(ss / np.float32(d) + np.float32(eps))
+        inv = inv_rms(x[r], eps)
         if has_weight:
             for i in range(d):
                 out[r, i] = x[r, i] * inv * weight[i]

@@ -10,7 +10,7 @@ import numpy as np
 import torch
 
 from deepring.kernels.dispatch import HAVE_TRITON, cpu_kernel, next_pow2, use_numba, use_triton
-from deepring.kernels.rmsnorm import NO_WEIGHT, NUMBA_ROWS, rms_norm
+from deepring.kernels.rmsnorm import NO_WEIGHT, NUMBA_ROWS, inv_rms, rms_norm
 
 
 def apply_rope_torch(
@@ -53,10 +53,7 @@ def _norm_rope_kernel(x, weight, has_weight, eps, cos, sin, out):
     nope = d - 2 * half
     for t in range(t_rows):
         for h in range(heads):
-            ss = np.float32(0.0)
-            for i in range(d):
-                ss += x[t, h, i] * x[t, h, i]
-            inv = np.float32(1.0) / np.sqrt(ss / np.float32(d) + np.float32(eps))
+            inv = inv_rms(x[t, h], eps)
             for i in range(d):
                 out[t, h, i] = x[t, h, i] * inv * (weight[i] if has_weight else np.float32(1.0))
             for p in range(half):  # (a + ib)(cos + i sin) on the trailing channel pairs
