@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 from deepring.kernels import dispatch
@@ -13,6 +15,18 @@ from deepring.kernels.hyper import (
     hc_pre_numba,
     hc_pre_torch,
 )
+
+
+@contextlib.contextmanager
+def _kernels(monkeypatch, backend: str):
+    """DEEPRING_KERNELS=backend inside the block; the cached choice is forgotten on entry and
+    on exit."""
+    monkeypatch.setenv("DEEPRING_KERNELS", backend)
+    dispatch.reset()
+    try:
+        yield
+    finally:
+        dispatch.reset()
 
 
 def _hc_params(g: torch.Generator, hc: int, d: int) -> tuple[torch.Tensor, ...]:
@@ -70,19 +84,13 @@ def test_dispatch_picks_numba_for_cpu_fp32_unless_told_torch(monkeypatch):
         real = getattr(hyper, name)
         monkeypatch.setattr(hyper, name, lambda *a, _n=name, _r=real: calls.append(_n) or _r(*a))
     for setting, expect in (("auto", "hc_pre_numba"), ("torch", "hc_pre_torch")):
-        monkeypatch.setenv("DEEPRING_KERNELS", setting)
-        dispatch.reset()
-        try:
+        with _kernels(monkeypatch, setting):
             hc_pre(h, fn, base, scale, 3, 1e-6, 1e-6)
             hc_pre(h.bfloat16(), fn, base, scale, 3, 1e-6, 1e-6)
-        finally:
-            dispatch.reset()
         # bf16 streams (a bf16 model) are not the numba kernels' dtype: the reference runs them.
         assert calls == [expect, "hc_pre_torch"], setting
         calls.clear()
-    monkeypatch.setenv("DEEPRING_KERNELS", "auto")
-    dispatch.reset()
-    try:  # merge: mixed dtypes (a bf16 sublayer output) stay on the reference
+    with _kernels(monkeypatch, "auto"):  # merge: mixed dtypes (bf16 output) take the reference
         post, comb_t, _ = hc_pre_torch(h, fn, base, scale, 3, 1e-6, 1e-6)
         out = torch.randn(3, 16, generator=g)
         torch.testing.assert_close(
@@ -90,8 +98,6 @@ def test_dispatch_picks_numba_for_cpu_fp32_unless_told_torch(monkeypatch):
         )
         merged = hc_merge(h.bfloat16(), out.bfloat16(), post, comb_t)
         assert merged.dtype == torch.bfloat16
-    finally:
-        dispatch.reset()
 
 
 def test_whole_model_numba_equals_torch(monkeypatch):
@@ -104,34 +110,29 @@ def test_whole_model_numba_equals_torch(monkeypatch):
     ids = torch.randint(0, 512, (60,), generator=torch.Generator().manual_seed(0)).tolist()
 
     def run(backend: str) -> torch.Tensor:
-        monkeypatch.setenv("DEEPRING_KERNELS", backend)
-        dispatch.reset()
-        try:
+        with _kernels(monkeypatch, backend):
             pool = pool_for(model, num_blocks=12, num_slots=3, block_size=16)
-            seqs = [(0, [1, 2, 3]), (1, [4, 5, 6]), (2, [7, 8, 9])]
+            tables = [[1, 2, 3], [4, 5, 6], [7, 8, 9]]
             out = [
-                step(model, pool, [SeqChunk(ids[:17], 0, 0, seqs[0][1], logits="all")]),
+                step(model, pool, [SeqChunk(ids[:17], 0, 0, tables[0], logits="all")]),
                 step(
                     model,
                     pool,
                     [
-                        SeqChunk(ids[17:30], 17, 0, seqs[0][1], logits="all"),
-                        SeqChunk(ids[:9], 0, 1, seqs[1][1], logits="all"),
+                        SeqChunk(ids[17:30], 17, 0, tables[0], logits="all"),
+                        SeqChunk(ids[:9], 0, 1, tables[1], logits="all"),
                     ],
                 ),
             ]
-            starts = [30, 9, 0]
-            out.append(step(model, pool, [SeqChunk(ids[:1], 0, 2, seqs[2][1])]))
-            starts[2] = 1
+            out.append(step(model, pool, [SeqChunk(ids[:1], 0, 2, tables[2])]))
+            starts = [30, 9, 1]  # each request's next position
             for i in range(12):  # decode steps: windows fill, CSA and HCA entries complete
                 chunks = [
-                    SeqChunk([ids[(starts[s] + i) % 60]], starts[s] + i, s, seqs[s][1])
+                    SeqChunk([ids[(starts[s] + i) % 60]], starts[s] + i, s, tables[s])
                     for s in range(3)
                 ]
                 out.append(step(model, pool, chunks))
             return torch.cat(out)
-        finally:
-            dispatch.reset()
 
     torch.testing.assert_close(run("numba"), run("torch"), atol=1e-4, rtol=0)
 
@@ -179,13 +180,8 @@ def test_router_numba_equals_torch(monkeypatch, func, hashed, rows, experts, k):
     ids = torch.randint(0, cfg.vocab_size, (rows,), generator=g)
     out = {}
     for backend in ("numba", "torch"):
-        monkeypatch.setenv("DEEPRING_KERNELS", backend)
-        dispatch.reset()
-        try:
-            with torch.inference_mode():
-                out[backend] = r(x, ids)
-        finally:
-            dispatch.reset()
+        with _kernels(monkeypatch, backend), torch.inference_mode():
+            out[backend] = r(x, ids)
     (ia, wa), (ib, wb) = out["numba"], out["torch"]
     assert ia.dtype == ib.dtype == torch.long
     # Same experts in the same (descending) order, same weights.
@@ -230,11 +226,7 @@ def test_norm_rope_numba_equals_torch(monkeypatch, shape, weighted):
     cis = torch.polar(torch.ones_like(angles), angles)
     out = {}
     for backend in ("numba", "torch"):
-        monkeypatch.setenv("DEEPRING_KERNELS", backend)
-        dispatch.reset()
-        try:
+        with _kernels(monkeypatch, backend):
             out[backend] = norm_rope(x.clone(), w, 1e-6, cis.real, cis.imag)
-        finally:
-            dispatch.reset()
     assert out["numba"].shape == x.shape
     torch.testing.assert_close(out["numba"], out["torch"], atol=1e-6, rtol=1e-5)
