@@ -1,4 +1,4 @@
-"""The bf16 greedy head against the fp32 argmax it stands for (model.greedy_head)."""
+"""The int8 and bf16 greedy heads against the fp32 argmax they stand for (model.greedy_head)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from deepring.model import greedy_head
-from deepring.model.greedy_head import Bf16GreedyHead
+from deepring.model.greedy_head import GreedyHead
 
 
 def _fp32_argmax(y: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
@@ -14,17 +14,31 @@ def _fp32_argmax(y: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
 
 
 TILE = greedy_head._TILE
+HAS_INT8_OP = hasattr(torch.ops.onednn, "qlinear_prepack")
+
+
+@pytest.fixture(
+    params=[
+        "bf16",
+        pytest.param(
+            "int8",
+            marks=pytest.mark.skipif(not HAS_INT8_OP, reason="no oneDNN int8 linear in this torch"),
+        ),
+    ]
+)
+def kind(request) -> str:
+    return request.param
 
 
 @pytest.mark.parametrize("vocab", [1000, 1003, 7, 20 * TILE])  # most with a partial last tile
-def test_random_rows_match_fp32_argmax(vocab):
+def test_random_rows_match_fp32_argmax(vocab, kind):
     g = torch.Generator().manual_seed(0)
     w = torch.randn(vocab, 64, generator=g)  # fp32 values bf16 cannot hold
     y = torch.randn(300, 64, generator=g) * 3
-    assert torch.equal(Bf16GreedyHead().argmax(y, w), _fp32_argmax(y, w))
+    assert torch.equal(GreedyHead(kind).argmax(y, w), _fp32_argmax(y, w))
 
 
-def test_near_ties_below_bf16_resolution_are_settled_in_fp32():
+def test_near_ties_below_bf16_resolution_are_settled_in_fp32(kind):
     g = torch.Generator().manual_seed(1)
     w = torch.randn(500, 64, generator=g) * 0.1
     # Tokens 100..139 all have logit ~65 for every row; row i favours token 100 + i by 0.0065,
@@ -34,27 +48,27 @@ def test_near_ties_below_bf16_resolution_are_settled_in_fp32():
         w[100 + t] = 1.0
         w[100 + t, t] += eps
     y = torch.ones(40, 64) + torch.eye(40, 64)
-    got = Bf16GreedyHead().argmax(y, w)
+    got = GreedyHead(kind).argmax(y, w)
     assert got.tolist() == [100 + i for i in range(40)]
     assert torch.equal(got, _fp32_argmax(y, w))
 
 
-def test_exact_ties_pick_the_first_token():
+def test_exact_ties_pick_the_first_token(kind):
     g = torch.Generator().manual_seed(2)
     w = torch.randn(300, 32, generator=g) * 0.1
     w[17] = w[250] = w[123] = torch.ones(32)
     y = torch.ones(4, 32)
-    assert Bf16GreedyHead().argmax(y, w).tolist() == [17] * 4
+    assert GreedyHead(kind).argmax(y, w).tolist() == [17] * 4
 
 
-def test_the_last_partial_tile_can_win():
+def test_the_last_partial_tile_can_win(kind):
     w = torch.zeros(2 * TILE + 3, 8)  # 2 whole tiles and 3 tokens in the partial tile
     w[2 * TILE + 2] = 1.0
     y = torch.ones(3, 8)
-    assert Bf16GreedyHead().argmax(y, w).tolist() == [2 * TILE + 2] * 3
+    assert GreedyHead(kind).argmax(y, w).tolist() == [2 * TILE + 2] * 3
 
 
-def test_rows_whose_logits_are_all_negative_or_mixed_in_sign():
+def test_rows_whose_logits_are_all_negative_or_mixed_in_sign(kind):
     # The max pass orders bf16 values by their bits, which reverses the order of negative
     # values: rows with every logit negative, tiles with negative values only, and -0.0.
     g = torch.Generator().manual_seed(4)
@@ -65,13 +79,13 @@ def test_rows_whose_logits_are_all_negative_or_mixed_in_sign():
     y_neg = y.clone()
     y_neg[:, 0] = 1.0
     y_neg[:, 1:] *= 0.01
-    head = Bf16GreedyHead()
+    head = GreedyHead(kind)
     assert (F.linear(y_neg, w_neg) < 0).all()
     assert torch.equal(head.argmax(y_neg, w_neg), _fp32_argmax(y_neg, w_neg))
     w_half = w.clone()
     w_half[:500] = -w_half[:500].abs()  # the first tiles' logits mostly negative
     y_pos = y.abs()
-    assert torch.equal(Bf16GreedyHead().argmax(y_pos, w_half), _fp32_argmax(y_pos, w_half))
+    assert torch.equal(GreedyHead(kind).argmax(y_pos, w_half), _fp32_argmax(y_pos, w_half))
     # The fp32 winner's bf16 logit is negative and every other token of its tile is too, while
     # the bf16 maximum (another tile) is positive: its tile must still be searched.
     # Tiles are strided: with 2 * TILE tokens, tile 0 holds the even ones and tile 1 the odd
@@ -88,32 +102,32 @@ def test_rows_whose_logits_are_all_negative_or_mixed_in_sign():
     w1[1, :3] = torch.tensor([1.0, -1.0, -(2.0**-10)])  # fp32 0.0025, bf16 -2^-10
     assert F.linear(y1.to(torch.bfloat16), w1.to(torch.bfloat16))[0, 1] < 0
     assert _fp32_argmax(y1, w1).tolist() == [1]
-    assert Bf16GreedyHead().argmax(y1, w1).tolist() == [1]
+    assert GreedyHead(kind).argmax(y1, w1).tolist() == [1]
     # The same with the other odd tokens far below the threshold: the tile's maximum is then
     # known only as "below 0", and the tile must still be searched.
     w1[3::2] = -1.0
     assert _fp32_argmax(y1, w1).tolist() == [1]
-    assert Bf16GreedyHead().argmax(y1, w1).tolist() == [1]
+    assert GreedyHead(kind).argmax(y1, w1).tolist() == [1]
     w_zero = torch.zeros(2 * TILE + 8, 8)
     w_zero[: TILE + 4] = -1.0
     w_zero[TILE + 11] = -0.0
     # Logits are -8 (tokens 0..TILE+3) and 0 (the rest): the first 0 wins.
-    assert Bf16GreedyHead().argmax(torch.ones(2, 8), w_zero).tolist() == [TILE + 4] * 2
+    assert GreedyHead(kind).argmax(torch.ones(2, 8), w_zero).tolist() == [TILE + 4] * 2
 
 
-def test_non_finite_rows_fall_back_to_fp32():
+def test_non_finite_rows_fall_back_to_fp32(kind):
     g = torch.Generator().manual_seed(3)
     w = torch.randn(200, 16, generator=g)
     y = torch.randn(3, 16, generator=g)
     y[1, 4] = float("nan")
-    assert torch.equal(Bf16GreedyHead().argmax(y, w), _fp32_argmax(y, w))
+    assert torch.equal(GreedyHead(kind).argmax(y, w), _fp32_argmax(y, w))
 
 
-def test_a_changed_weight_is_noticed():
+def test_a_changed_weight_is_noticed(kind):
     g = torch.Generator().manual_seed(4)
     w = torch.randn(400, 16, generator=g)
     y = torch.randn(5, 16, generator=g)
-    head = Bf16GreedyHead()
+    head = GreedyHead(kind)
     assert torch.equal(head.argmax(y, w), _fp32_argmax(y, w))
     with torch.no_grad():
         w.neg_()
@@ -128,12 +142,56 @@ def test_without_a_packed_weight_the_plain_gemm_gives_the_same(monkeypatch):
     g = torch.Generator().manual_seed(5)
     w = torch.randn(1003, 32, generator=g)
     y = torch.randn(50, 32, generator=g)
-    assert torch.equal(Bf16GreedyHead().argmax(y, w), _fp32_argmax(y, w))
+    assert torch.equal(GreedyHead("bf16").argmax(y, w), _fp32_argmax(y, w))
     assert greedy_head._packed_gemm(w.bfloat16())(y.bfloat16()).dtype == torch.bfloat16
 
 
+def test_rows_of_very_different_size_share_one_int8_scale(kind):
+    # The int8 head quantises the batch with one scale: the small rows keep few levels, so their
+    # bound is loose and they have more candidates, but the answer is still the fp32 argmax.
+    g = torch.Generator().manual_seed(7)
+    w = torch.randn(5000, 64, generator=g)
+    y = torch.randn(12, 64, generator=g) * torch.logspace(-4, 3, 12)[:, None]
+    y[3] = 0.0  # every logit 0: the first token
+    w[77] = 0.0  # an all-zero weight row
+    got = GreedyHead(kind).argmax(y, w)
+    assert torch.equal(got, _fp32_argmax(y, w))
+    assert got[3] == 0
+
+
+def test_the_rounding_of_the_rows_alone_can_reorder_tokens(kind):
+    # Weights int8 holds exactly (each row's largest entry is 127), so only the rounding of y
+    # separates the approximate logits from the exact ones. With int8's step 1/127: y1 rounds
+    # down and y2 up, so token 1 leads the approximate logits (40.16 against 39.76) while
+    # token 0 wins in fp32 (40.154 against 39.772).
+    y = torch.tensor([[1.0, 50.49 / 127, 50.51 / 127, 0.0]])
+    w = torch.tensor([[0.0, 101, 0, 127], [0.0, 0, 100, 127]])
+    w = torch.cat([w, torch.zeros(3 * TILE, 4)])
+    w[2:, 3] = 127
+    assert _fp32_argmax(y, w).tolist() == [0]
+    assert GreedyHead(kind).argmax(y, w).tolist() == [0]
+
+
+def test_rows_with_too_many_candidates_take_their_fp32_logits(kind, monkeypatch):
+    # Every token within a hair of every other: each tile reaches the threshold, more than
+    # _MAX_TILES of them, so the row takes the plain fp32 GEMM, which must agree.
+    g = torch.Generator().manual_seed(8)
+    w = torch.ones(300 * TILE, 16) + torch.randn(300 * TILE, 16, generator=g) * 1e-6
+    y = torch.randn(3, 16, generator=g).abs()
+    calls = []
+    real_linear = F.linear
+    monkeypatch.setattr(greedy_head.F, "linear", lambda *a: calls.append(1) or real_linear(*a))
+    assert torch.equal(GreedyHead(kind).argmax(y, w), _fp32_argmax(y, w))
+    assert calls, "the plain fp32 fallback did not run"
+
+
+def test_an_unknown_kind_is_rejected():
+    with pytest.raises(ValueError, match="int8"):
+        GreedyHead("fp8")
+
+
 @pytest.mark.parametrize("rows", [1, 5, 40])  # 40: the fp32 path runs in vocabulary tiles
-def test_model_greedy_tokens_agree_with_and_without_the_bf16_head(monkeypatch, rows):
+def test_model_greedy_tokens_agree_with_and_without_the_fast_head(monkeypatch, rows, kind):
     from deepring.model import model as model_mod
     from deepring.model.loader import load_model
     from deepring.model.tiny import tiny_config
@@ -141,8 +199,11 @@ def test_model_greedy_tokens_agree_with_and_without_the_bf16_head(monkeypatch, r
     net = load_model(tiny_config(), load_format="dummy", progress=False).model
     h = torch.randn(rows, net.config.hc_mult, net.config.hidden_size, generator=_gen(6))
     with torch.inference_mode():
+        monkeypatch.setattr(model_mod, "head_kind", lambda: kind)
         fast = net.greedy_tokens(h)
-        monkeypatch.setattr(model_mod, "cpu_bf16_is_fast", lambda: False)
+        assert net._fast_head is not None
+        assert net._fast_head.kind == kind
+        monkeypatch.setattr(model_mod, "head_kind", lambda: None)
         plain = net.greedy_tokens(h)
         want = net.logits(h).argmax(-1)
     assert torch.equal(plain, want)

@@ -15,7 +15,7 @@ from torch import nn
 from deepring.cache.pool import KVCachePool
 from deepring.model.batch import ForwardBatch
 from deepring.model.config import ModelConfig
-from deepring.model.greedy_head import Bf16GreedyHead, cpu_bf16_is_fast
+from deepring.model.greedy_head import GreedyHead, head_kind
 from deepring.model.hc import HyperHead
 from deepring.model.layer import DecoderLayer
 from deepring.model.mtp import MTPLayer
@@ -58,7 +58,7 @@ class DeepseekV4(nn.Module):
         self.lm_head = linear(config.hidden_size, config.vocab_size)
         self.mtp = nn.ModuleList(MTPLayer(config, lt) for lt in config.mtp_layer_types)
         self._rope: RopeTables | None = None
-        self._bf16_head = Bf16GreedyHead()
+        self._fast_head: GreedyHead | None = None
 
     def rope_tables(self) -> RopeTables:
         dev = self.lm_head.weight.device
@@ -78,25 +78,34 @@ class DeepseekV4(nn.Module):
         y = self.model.norm(self.model.hc_head(h))
         return self.lm_head(y).float()
 
-    def _bf16_head_applies(self) -> bool:
-        """The bf16 head (model.greedy_head) beats the fp32 GEMM from one row on, on a CPU with
-        native bf16 GEMMs (AMX / AVX512-BF16), its weight pre-packed."""
+    def _low_precision_head(self) -> GreedyHead | None:
+        """The int8 or bf16 head (model.greedy_head), which beats the fp32 GEMM from one row on
+        for an fp32 weight on a CPU with native int8 or bf16 GEMMs; None elsewhere."""
         w = self.lm_head.weight
-        return w.dtype == torch.float32 and w.device.type == "cpu" and cpu_bf16_is_fast()
+        if w.dtype != torch.float32 or w.device.type != "cpu":
+            return None
+        kind = head_kind()
+        if kind is None:
+            return None
+        if self._fast_head is None or self._fast_head.kind != kind:
+            self._fast_head = GreedyHead(kind)
+        return self._fast_head
 
     def prepare_greedy_head(self) -> None:
-        """Build the bf16 head's weight copy now (~0.1 s for a 129k vocabulary) rather than in
-        the first batched greedy step."""
-        if self._bf16_head_applies():
-            self._bf16_head.prepare(self.lm_head.weight)
+        """Build the low-precision head's weight copy now (~0.1 s for a 129k vocabulary) rather
+        than in the first batched greedy step."""
+        head = self._low_precision_head()
+        if head is not None:
+            head.prepare(self.lm_head.weight)
 
     def greedy_tokens(self, h: torch.Tensor) -> torch.Tensor:
         """argmax of the logits (first maximum), without materialising the whole logits matrix:
         the LM head runs tile by tile over the vocabulary with a running maximum."""
         y = self.model.norm(self.model.hc_head(h))
         w = self.lm_head.weight
-        if y.shape[0] and self._bf16_head_applies():
-            return self._bf16_head.argmax(y, w)
+        head = self._low_precision_head() if y.shape[0] else None
+        if head is not None:
+            return head.argmax(y, w)
         if y.shape[0] <= _GREEDY_FULL_ROWS:
             # Few rows: one mat-vec over the whole vocabulary beats tiles (measured on CPU).
             return torch.nn.functional.linear(y, w).float().argmax(-1)
