@@ -5,6 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+from deepring.kernels import greedy as greedy_kernels
+from deepring.kernels.dispatch import HAVE_NUMBA
 from deepring.model import greedy_head
 from deepring.model.greedy_head import GreedyHead
 
@@ -13,21 +15,27 @@ def _fp32_argmax(y: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     return F.linear(y, w).argmax(-1)
 
 
-TILE = greedy_head._TILE
+TILE = greedy_kernels.TILE
 HAS_INT8_OP = hasattr(torch.ops.onednn, "qlinear_prepack")
+
+
+_NO_INT8 = pytest.mark.skipif(not HAS_INT8_OP, reason="no oneDNN int8 linear in this torch")
+_NO_NUMBA = pytest.mark.skipif(not HAVE_NUMBA, reason="numba is not installed")
 
 
 @pytest.fixture(
     params=[
-        "bf16",
-        pytest.param(
-            "int8",
-            marks=pytest.mark.skipif(not HAS_INT8_OP, reason="no oneDNN int8 linear in this torch"),
-        ),
+        pytest.param(("bf16", "torch"), id="bf16-torch"),
+        pytest.param(("bf16", "numba"), id="bf16-numba", marks=_NO_NUMBA),
+        pytest.param(("int8", "torch"), id="int8-torch", marks=_NO_INT8),
+        pytest.param(("int8", "numba"), id="int8-numba", marks=[_NO_INT8, _NO_NUMBA]),
     ]
 )
-def kind(request) -> str:
-    return request.param
+def kind(request, monkeypatch) -> str:
+    """The head's low-precision GEMM, with each settling pass (kernels.greedy)."""
+    kind, settle = request.param
+    monkeypatch.setattr(greedy_head, "settle", getattr(greedy_kernels, f"settle_{settle}"))
+    return kind
 
 
 @pytest.mark.parametrize("vocab", [1000, 1003, 7, 20 * TILE])  # most with a partial last tile
@@ -183,6 +191,26 @@ def test_rows_with_too_many_candidates_take_their_fp32_logits(kind, monkeypatch)
     monkeypatch.setattr(greedy_head.F, "linear", lambda *a: calls.append(1) or real_linear(*a))
     assert torch.equal(GreedyHead(kind).argmax(y, w), _fp32_argmax(y, w))
     assert calls, "the plain fp32 fallback did not run"
+
+
+@pytest.mark.parametrize("settle", ["torch", pytest.param("numba", marks=_NO_NUMBA)])
+@pytest.mark.parametrize("vocab", [2, 3 * TILE + 5])
+def test_settling_allows_for_the_bf16_rounding_of_the_output(settle, vocab, monkeypatch):
+    # Inputs exact (a = 0): only the output rounding, |approx - exact| <= u'|approx|, separates
+    # the logits. Token 0's exact logit 64.25 may show as 64.0 and token 1's 64.248 as 64.5, so
+    # token 1 leads the approximate logits, yet token 0 wins; it must be among the candidates
+    # (no plain fp32 GEMM is run to find it).
+    w = torch.full((vocab, 1), -1000.0)
+    w[0], w[vocab - 1] = 64.25, 64.248
+    approx = torch.full((1, vocab), -1000.0)
+    approx[0, 0], approx[0, vocab - 1] = 64.0, 64.5
+    calls = []
+    real_linear = F.linear
+    monkeypatch.setattr(F, "linear", lambda *a: calls.append(1) or real_linear(*a))
+    fn = getattr(greedy_kernels, f"settle_{settle}")
+    got = fn(approx.to(torch.bfloat16), torch.zeros(1), torch.ones(1, 1), w)
+    assert got.tolist() == [0]
+    assert not calls
 
 
 def test_an_unknown_kind_is_rejected():

@@ -192,8 +192,8 @@ def test_router_numba_equals_torch(monkeypatch, func, hashed, rows, experts, k):
 def test_model_load_compiles_every_kernel_for_the_types_steps_use():
     """load_model compiles the numba kernels (so the first request does not), for exactly the
     argument types a prefill and a decode step pass: the steps add no compilation."""
-    from deepring.kernels import hyper, moe, rmsnorm, rope
-    from deepring.model.batch import SeqChunk
+    from deepring.kernels import greedy, hyper, moe, rmsnorm, rope
+    from deepring.model.batch import ForwardBatch, SeqChunk
     from deepring.model.loader import load_model
     from v4_helpers import model_config, pool_for, step
 
@@ -203,6 +203,7 @@ def test_model_load_compiles_every_kernel_for_the_types_steps_use():
         rmsnorm._rms_norm_numba,
         moe._route_kernel,
         rope._norm_rope_kernel,
+        greedy._settle_kernel,
     ]
     model = load_model(model_config("swa-csa-hca"), load_format="dummy", device="cpu").model
     compiled = [len(k.signatures) for k in kernels]
@@ -210,6 +211,8 @@ def test_model_load_compiles_every_kernel_for_the_types_steps_use():
     pool = pool_for(model, num_blocks=8, num_slots=2, block_size=16)
     step(model, pool, [SeqChunk(list(range(5, 25)), 0, 0, [1, 2])])
     step(model, pool, [SeqChunk([7], 20, 0, [1, 2])])
+    batch = ForwardBatch.build([SeqChunk([8], 21, 0, [1, 2])], model.rope_tables(), 16, "cpu")
+    model(batch, pool, greedy=True)  # the greedy head's settling kernel
     assert [len(k.signatures) for k in kernels] == compiled
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 
 from deepring.kernels.dispatch import use_numba
+from deepring.kernels.greedy import settle_numba
 from deepring.kernels.hyper import hc_merge_numba, hc_pre_numba
 from deepring.kernels.moe import route_numba
 from deepring.kernels.rmsnorm import rms_norm_numba
@@ -30,7 +31,10 @@ def warm_up_cpu_kernels() -> None:
     logits = torch.zeros(1, 4)
     route_numba(logits, "sqrtsoftplus", torch.zeros(4), None, 2, 1.0)
     route_numba(logits, "sqrtsoftplus", None, torch.zeros(1, 2, dtype=torch.long), 2, 1.0)
-    # cos and sin as a step passes them on CPU: views of its complex rotations.
-    cis = torch.ones(1, 1, dtype=torch.complex64)
-    norm_rope(x, torch.ones(4), 1e-6, cis.real, cis.imag)
-    norm_rope(x, None, 1e-6, cis.real, cis.imag)
+    # cos and sin as a step passes them on CPU: strided views of its complex rotations (with
+    # one row and one column numpy would call them contiguous, another compiled signature).
+    x2 = torch.zeros(2, 2, 4)
+    cis = torch.ones(2, 2, dtype=torch.complex64)
+    norm_rope(x2, torch.ones(4), 1e-6, cis.real, cis.imag)
+    norm_rope(x2, None, 1e-6, cis.real, cis.imag)
+    settle_numba(torch.zeros(1, 4, dtype=torch.bfloat16), torch.zeros(1), x[0], torch.zeros(4, 4))

@@ -30,15 +30,10 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-_U_OUT = 2.0**-8 / (1 - 2.0**-8)
+from deepring.kernels.greedy import settle
+
 # The bound is itself computed in fp32; a margin far above those roundings keeps it an upper bound.
 _MARGIN = 1 + 2.0**-8
-# Tokens per tile of the max pass: few enough that a tile reaching the threshold holds few
-# tokens to check, enough that the tile maxima are a small array (ad-hoc timing, 32 rows of a
-# 129k vocabulary: 64 took 2.4 ms a step against 2.8 ms with 16; 128 and 256 no better).
-_TILE = 64
-# Candidate tiles per row beyond which that row's fp32 logits cost less than checking them.
-_MAX_TILES = 256
 
 
 def _cpu_has(*names: str) -> bool:
@@ -167,58 +162,4 @@ class GreedyHead:
         if not bool(torch.isfinite(y).all()):  # no bound holds; the plain path says what fp32 does
             return F.linear(y, w.float()).argmax(-1)
         approx, a = self._logits(y)
-        return _settle(approx, a * _MARGIN, y, w)
-
-
-def _settle(
-    approx: torch.Tensor, a: torch.Tensor, y: torch.Tensor, w: torch.Tensor
-) -> torch.Tensor:
-    """The fp32 argmax of each row from its bf16 approximate logits `approx` [R, V], whose error
-    is at most a + u'|approx| (a: [R])."""
-    n, vocab = approx.shape
-    # One pass over the logits: tile t holds tokens t, t + S, ..., t + (G-1) S (a strided
-    # tile makes the pass an element-wise max of G contiguous slices, which vectorises);
-    # the last vocab % G tokens form one more tile.
-    whole = vocab - vocab % _TILE
-    stride = whole // _TILE
-    # The max pass runs on the bf16 bits read as int16, several times faster than a bf16
-    # reduction on CPU. Non-negative bf16 values order like their bits; a negative key
-    # means a tile of negative values only, whose maximum is then bounded above by 0.
-    keys = approx.view(torch.int16)
-    tile_key = keys[:, :whole].view(n, _TILE, stride).amax(1)
-    if whole < vocab:
-        tile_key = torch.cat([tile_key, keys[:, whole:].amax(-1, keepdim=True)], 1)
-    tile_max = tile_key.clamp(min=0).view(torch.bfloat16).float()  # key 0 is +0.0
-    best = tile_max.amax(-1)  # exact where a row has a value >= 0
-    neg = tile_key.amax(-1) < 0
-    if bool(neg.any()):  # every logit negative: the exact maximum from the values
-        best[neg] = approx[neg].float().amax(-1)
-    # Token j can be the fp32 argmax only if approx_j + e_j >= best - e_best, with
-    # e = a + u'|approx|; x + u'|x| grows with x, so this is approx_j >= thr.
-    floor = best - _U_OUT * best.abs() - 2 * a
-    thr = torch.where(floor >= 0, floor / (1 + _U_OUT), floor / (1 - _U_OUT))
-    # Rows with many tiles to search (a loose bound, overflowing logits) take their fp32 logits.
-    reach = tile_max >= thr[:, None]
-    plain = ~torch.isfinite(thr) | (reach.sum(-1) > _MAX_TILES)
-    if bool(plain.any()):
-        reach[plain] = False
-    # Candidates: the tokens >= thr inside the (few) tiles whose maximum is >= thr.
-    rt, tt = reach.nonzero(as_tuple=True)
-    k = torch.arange(_TILE)
-    cols = torch.where(tt[:, None] < stride, tt[:, None] + k * stride, whole + k)
-    cols = cols.clamp_(max=vocab - 1)
-    # Flat index_select rather than approx[rows, cols]: see kernels.gather.
-    flat = (rt[:, None] * vocab + cols).view(-1)
-    thr_of = thr.index_select(0, rt).repeat_interleave(_TILE)
-    keep = approx.view(-1).index_select(0, flat).float() >= thr_of
-    # (Clamping may list a token twice: harmless below.)
-    r, j = rt.repeat_interleave(_TILE)[keep], cols.view(-1)[keep]
-    # Usually one candidate per row; ties leave a few, settled by their fp32 logits.
-    exact = (w.index_select(0, j).float() * y.index_select(0, r)).sum(-1)
-    top = torch.full((n,), float("-inf")).scatter_reduce(0, r, exact, "amax")
-    win = exact == top[r]
-    idx = torch.full((n,), vocab, dtype=torch.long).scatter_reduce(0, r[win], j[win], "amin")
-    lost = idx == vocab  # no candidate: sent to fp32 above, or non-finite logits
-    if bool(lost.any()):
-        idx[lost] = F.linear(y[lost], w.float()).argmax(-1)
-    return idx
+        return settle(approx, a * _MARGIN, y, w)
