@@ -6,6 +6,7 @@ import contextlib
 
 import pytest
 import torch
+import torch.nn.functional as F
 from deepring.kernels import dispatch
 from deepring.kernels.hyper import (
     hc_merge,
@@ -204,6 +205,7 @@ def test_model_load_compiles_every_kernel_for_the_types_steps_use():
         moe._route_kernel,
         rope._norm_rope_kernel,
         greedy._settle_kernel,
+        moe._moe_rows_kernel,
     ]
     model = load_model(model_config("swa-csa-hca"), load_format="dummy", device="cpu").model
     compiled = [len(k.signatures) for k in kernels]
@@ -233,3 +235,43 @@ def test_norm_rope_numba_equals_torch(monkeypatch, shape, weighted):
             out[backend] = norm_rope(x.clone(), w, 1e-6, cis.real, cis.imag)
     assert out["numba"].shape == x.shape
     torch.testing.assert_close(out["numba"], out["torch"], atol=1e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize("rows", [1, 5, 32])
+@pytest.mark.parametrize(("experts", "k"), [(8, 2), (4, 3)])
+def test_moe_rows_numba_equals_torch(rows, experts, k):
+    """Routed experts (chosen by idx, weighted) plus the shared expert: the numba kernel equals
+    the torch experts + shared MLP, including a row that picks one expert twice (a hash table
+    may) and activations beyond the SwiGLU clamp."""
+    from deepring.kernels import moe
+
+    g = torch.Generator().manual_seed(rows * 10 + k)
+    d, inter = 16, 8
+    gate_up = torch.randn(experts, 2 * inter, d, generator=g)
+    down = torch.randn(experts, d, inter, generator=g) * 0.3
+    sg, su = torch.randn(inter, d, generator=g), torch.randn(inter, d, generator=g)
+    sd = torch.randn(d, inter, generator=g) * 0.3
+    x = torch.randn(rows, d, generator=g) * 2
+    idx = torch.randint(0, experts, (rows, k), generator=g)
+    idx[0, 1] = idx[0, 0]
+    w = torch.rand(rows, k, generator=g)
+    limit = 3.0
+    want = moe.moe_experts_torch(x, idx, w, gate_up, down, limit)
+    gs, us = F.linear(x, sg), F.linear(x, su)
+    want = want + F.linear(moe.clamped_swiglu(gs, us, limit), sd)
+    packed = moe.MoEPacked().prepare(gate_up, down, sg, su, sd, limit)
+    got = moe.moe_rows_numba(x, idx, w, packed)
+    torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-5)
+    with torch.no_grad():
+        down.mul_(2)  # an in-place update: the packed copy notices
+    want2 = moe.moe_experts_torch(x, idx, w, gate_up, down, limit)
+    want2 = want2 + F.linear(moe.clamped_swiglu(gs, us, limit), sd)
+    got2 = moe.moe_rows_numba(x, idx, w, packed.prepare(gate_up, down, sg, su, sd, limit))
+    torch.testing.assert_close(got2, want2, atol=1e-4, rtol=1e-5)
+    with pytest.raises(ValueError, match="expert width"):
+        moe.moe_rows_numba(x[:, :8], idx, w, packed)
+    with pytest.raises(ValueError, match="shared_down"):
+        moe.MoEPacked().prepare(gate_up, down, sg, su, sd[:, :3], limit)
+    idx[rows - 1, 0] = experts
+    with pytest.raises(IndexError, match="expert id"):
+        moe.moe_rows_numba(x, idx, w, packed)

@@ -13,7 +13,14 @@ import torch.nn.functional as F
 from torch import nn
 
 from deepring.kernels.dispatch import use_numba
-from deepring.kernels.moe import clamped_swiglu, moe_experts, route_numba
+from deepring.kernels.moe import (
+    MOE_NUMBA_ROWS,
+    MoEPacked,
+    clamped_swiglu,
+    moe_experts,
+    moe_rows_numba,
+    route_numba,
+)
 from deepring.model.config import HASH_MOE, ModelConfig
 from deepring.model.fused import FusedLinears
 from deepring.model.norm import linear
@@ -97,7 +104,15 @@ class MoE(nn.Module):
         self.gate = Router(config, hashed=mlp_type == HASH_MOE)
         self.experts = Experts(config)
         self.shared_experts = SharedMLP(config)
+        self._packed = MoEPacked()
 
     def forward(self, x: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
         idx, w = self.gate(x, input_ids)
+        if use_numba(x, MOE_NUMBA_ROWS) and not self.experts.gate_up_proj.requires_grad:
+            ex, sh = self.experts, self.shared_experts
+            packed = self._packed.prepare(
+                ex.gate_up_proj, ex.down_proj, sh.gate_proj.weight, sh.up_proj.weight,
+                sh.down_proj.weight, ex.limit,
+            )  # fmt: skip
+            return moe_rows_numba(x, idx, w, packed)
         return self.experts(x, idx, w) + self.shared_experts(x)
