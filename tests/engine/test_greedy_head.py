@@ -96,26 +96,28 @@ def test_rows_whose_logits_are_all_negative_or_mixed_in_sign(kind):
     assert torch.equal(GreedyHead(kind).argmax(y_pos, w_half), _fp32_argmax(y_pos, w_half))
     # The fp32 winner's bf16 logit is negative and every other token of its tile is too, while
     # the bf16 maximum (another tile) is positive: its tile must still be searched.
-    # Tiles are strided: with 2 * TILE tokens, tile 0 holds the even ones and tile 1 the odd
-    # ones.
+    # With 2 * TILE tokens, tile 0 holds tokens 0 .. TILE - 1 and tile 1 the rest.
     y1 = torch.tensor([[1.0035, 1, 1, 1, 1, 1, 1, 1]])  # bf16: [1, 1, ...]
     w1 = -torch.ones(2 * TILE, 8)
-    # The other odd tokens: logit -2^-9, negative but above the threshold (about -0.02), so
-    # the tile cannot be ruled out by comparing bits with the threshold's.
-    w1[1::2] = 0.0
-    w1[1::2, 2] = -(2.0**-9)
+    # The other tokens of tile 1: logit -2^-9, negative but above the threshold (about -0.02),
+    # so the tile cannot be ruled out by comparing bits with the threshold's.
+    w1[TILE:] = 0.0
+    w1[TILE:, 2] = -(2.0**-9)
     w1[0] = 0.0
     w1[0, 2] = 2.0**-11  # token 0: bf16 and fp32 logit 2^-11
-    w1[1] = 0.0
-    w1[1, :3] = torch.tensor([1.0, -1.0, -(2.0**-10)])  # fp32 0.0025, bf16 -2^-10
-    assert F.linear(y1.to(torch.bfloat16), w1.to(torch.bfloat16))[0, 1] < 0
-    assert _fp32_argmax(y1, w1).tolist() == [1]
-    assert GreedyHead(kind).argmax(y1, w1).tolist() == [1]
-    # The same with the other odd tokens far below the threshold: the tile's maximum is then
-    # known only as "below 0", and the tile must still be searched.
-    w1[3::2] = -1.0
-    assert _fp32_argmax(y1, w1).tolist() == [1]
-    assert GreedyHead(kind).argmax(y1, w1).tolist() == [1]
+    win = TILE + 1
+    w1[win] = 0.0
+    w1[win, :3] = torch.tensor([1.0, -1.0, -(2.0**-10)])  # fp32 0.0025, bf16 -2^-10
+    assert F.linear(y1.to(torch.bfloat16), w1.to(torch.bfloat16))[0, win] < 0
+    assert _fp32_argmax(y1, w1).tolist() == [win]
+    assert GreedyHead(kind).argmax(y1, w1).tolist() == [win]
+    # The same with the other tokens of tile 1 far below the threshold: the tile's maximum is
+    # then known only as "below 0", and the tile must still be searched.
+    w1[TILE:] = -1.0
+    w1[win] = 0.0
+    w1[win, :3] = torch.tensor([1.0, -1.0, -(2.0**-10)])
+    assert _fp32_argmax(y1, w1).tolist() == [win]
+    assert GreedyHead(kind).argmax(y1, w1).tolist() == [win]
     w_zero = torch.zeros(2 * TILE + 8, 8)
     w_zero[: TILE + 4] = -1.0
     w_zero[TILE + 11] = -0.0

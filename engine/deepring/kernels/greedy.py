@@ -6,9 +6,9 @@ approximate maximum and e = a + u'|approx| the bound on each approximate logit's
 x + u'|x| grows with x, that is approx_j >= thr. The few tokens at or above thr get their fp32
 logit, and the largest (lowest id on ties) wins.
 
-One pass over the logits finds the candidates: tile t holds tokens t, t + S, ..., t + (G-1) S (a
-strided tile makes the pass an element-wise max of G contiguous slices, which vectorises); the
-last vocab % G tokens form one more tile. Only the tiles whose maximum reaches thr are searched.
+One pass over the logits finds the candidates: tile t holds the G tokens t G .. t G + G - 1, the
+last vocab % G tokens form one more tile, and only the tiles whose maximum reaches thr are
+searched, each a contiguous run of logits.
 The max pass runs on the bf16 bits read as int16, several times faster than a bf16 reduction on
 CPU. Non-negative bf16 values order like their bits; a negative key means a tile of negative
 values only, whose maximum is then bounded above by 0.
@@ -26,23 +26,23 @@ import torch.nn.functional as F
 from deepring.kernels.dispatch import cpu_kernel, use_numba
 
 U_OUT = 2.0**-8 / (1 - 2.0**-8)  # bf16 output rounding, relative to the rounded value
-# Tokens per tile of the max pass: few enough that a tile reaching the threshold holds few
-# tokens to check, enough that the tile maxima are a small array (ad-hoc timing, 32 rows of a
-# 129k vocabulary: 64 took 2.4 ms a step against 2.8 ms with 16; 128 and 256 no better).
-TILE = 64
+# Tokens per tile: few enough that a tile reaching the threshold holds few tokens to check, and
+# enough that torch's max over each tile vectorises (ad-hoc timing, 32 rows of a 129k vocabulary:
+# 174 us with 128, 252 us with 64, 683 us with 32). Contiguous tiles: the candidates of a tile
+# are a few cache lines, where tiles strided across the vocabulary cost a cache miss per token.
+TILE = 128
 MAX_TILES = 256
 
 
 def _tile_keys(approx: torch.Tensor) -> tuple[torch.Tensor, int, int]:
-    """The largest int16 key of each tile [R, G'], the tokens in whole tiles, the tile stride."""
+    """The largest int16 key of each tile [R, ceil(V / TILE)]."""
     n, vocab = approx.shape
     whole = vocab - vocab % TILE
-    stride = whole // TILE
     keys = approx.view(torch.int16)
-    tile_key = keys[:, :whole].view(n, TILE, stride).amax(1)
+    tile_key = keys[:, :whole].view(n, whole // TILE, TILE).amax(-1)
     if whole < vocab:
         tile_key = torch.cat([tile_key, keys[:, whole:].amax(-1, keepdim=True)], 1)
-    return tile_key, whole, stride
+    return tile_key
 
 
 def _threshold(best: torch.Tensor, a: torch.Tensor) -> torch.Tensor:
@@ -61,7 +61,7 @@ def settle_torch(
     """approx: [R, V] bf16 logits whose error is at most a + u'|approx| (a: [R]); y: [R, K] fp32
     rows; w: [V, K] the fp32 weight. Returns the fp32 argmax of each row (first maximum)."""
     n, vocab = approx.shape
-    tile_key, whole, stride = _tile_keys(approx)
+    tile_key = _tile_keys(approx)
     tile_max = tile_key.clamp(min=0).view(torch.bfloat16).float()  # key 0 is +0.0
     best = tile_max.amax(-1)  # exact where a row has a value >= 0
     neg = tile_key.amax(-1) < 0
@@ -74,8 +74,7 @@ def settle_torch(
         reach[plain] = False
     rt, tt = reach.nonzero(as_tuple=True)
     k = torch.arange(TILE)
-    cols = torch.where(tt[:, None] < stride, tt[:, None] + k * stride, whole + k)
-    cols = cols.clamp_(max=vocab - 1)
+    cols = (tt[:, None] * TILE + k).clamp_(max=vocab - 1)
     # Flat index_select rather than approx[rows, cols]: see kernels.gather.
     flat = (rt[:, None] * vocab + cols).view(-1)
     thr_of = thr.index_select(0, rt).repeat_interleave(TILE)
@@ -92,8 +91,29 @@ def settle_torch(
 
 
 @cpu_kernel
-def _settle_kernel(bits, tile_key, a, y, w, stride, whole, max_tiles, u_out, idx):
-    """idx[r] = the fp32 argmax of row r, or -1 where the row needs its plain fp32 logits."""
+def _bf16_value(key, word, as_f32):
+    """The value of a bf16 bit pattern (int16), through a one-word scratch buffer."""
+    word[0] = np.uint32(np.uint16(key)) << 16
+    return as_f32[0]
+
+
+@cpu_kernel
+def _ceil_key(thr, word, as_f32):
+    """The smallest int16 key of a non-negative bf16 value >= thr (thr > 0, finite)."""
+    as_f32[0] = np.float32(thr)
+    if np.float64(as_f32[0]) < thr:  # thr was rounded down to fp32
+        word[0] += 1
+    key = np.int64(word[0] >> 16)
+    if word[0] & 0xFFFF:
+        key += 1
+    return key
+
+
+@cpu_kernel
+def _settle_kernel(bits, tile_key, a, y, w, max_tiles, u_out, idx):
+    """idx[r] = the fp32 argmax of row r, or -1 where the row needs its plain fp32 logits.
+    With a positive threshold every comparison runs on the int16 keys (non-negative bf16 values
+    order like their bits, negative ones are below it); otherwise on the values."""
     n, vocab = bits.shape
     groups = tile_key.shape[1]
     k_dim = y.shape[1]
@@ -105,37 +125,40 @@ def _settle_kernel(bits, tile_key, a, y, w, stride, whole, max_tiles, u_out, idx
         for t in range(groups):
             top_key = max(top_key, tile_key[r, t])
         if top_key >= 0:
-            word[0] = np.uint32(top_key) << 16
-            best = as_f32[0]
+            best = _bf16_value(top_key, word, as_f32)
         else:  # every logit negative: the exact maximum from the values
             best = -np.inf
             for j in range(vocab):
-                word[0] = np.uint32(np.uint16(bits[r, j])) << 16
-                best = max(best, as_f32[0])
+                best = max(best, _bf16_value(bits[r, j], word, as_f32))
         floor = best - u_out * abs(best) - 2 * a[r]
         thr = floor / (1 + u_out) if floor >= 0 else floor / (1 - u_out)
         idx[r] = -1
         if not np.isfinite(thr):
             continue
+        by_key = thr > 0
+        # A tile of negative values only has key < 0 and stands for 0 (an upper bound).
+        key_thr = _ceil_key(thr, word, as_f32) if by_key else 0
         reach = 0
         for t in range(groups):
-            word[0] = np.uint32(max(tile_key[r, t], 0)) << 16
-            if as_f32[0] >= thr:
-                reach += 1
+            if by_key:
+                reach += tile_key[r, t] >= key_thr
+            else:
+                reach += _bf16_value(max(tile_key[r, t], 0), word, as_f32) >= thr
         if reach > max_tiles:
             continue
         top = -np.inf
         win = vocab
         for t in range(groups):
-            word[0] = np.uint32(max(tile_key[r, t], 0)) << 16
-            if as_f32[0] < thr:
+            if by_key:
+                if tile_key[r, t] < key_thr:
+                    continue
+            elif _bf16_value(max(tile_key[r, t], 0), word, as_f32) < thr:
                 continue
-            for k in range(TILE):
-                j = t + k * stride if t < stride else whole + k
-                if j >= vocab:
-                    break
-                word[0] = np.uint32(np.uint16(bits[r, j])) << 16
-                if as_f32[0] < thr:
+            for j in range(t * TILE, min(t * TILE + TILE, vocab)):
+                if by_key:
+                    if bits[r, j] < key_thr:
+                        continue
+                elif _bf16_value(bits[r, j], word, as_f32) < thr:
                     continue
                 exact = np.float32(0.0)
                 for i in range(k_dim):
@@ -151,12 +174,12 @@ def settle_numba(
     approx: torch.Tensor, a: torch.Tensor, y: torch.Tensor, w: torch.Tensor
 ) -> torch.Tensor:
     """settle_torch with everything after the max pass in one kernel call."""
-    tile_key, whole, stride = _tile_keys(approx)
+    tile_key = _tile_keys(approx)
     idx = torch.empty(approx.shape[0], dtype=torch.long)
     _settle_kernel(
         approx.view(torch.int16).numpy(), tile_key.contiguous().numpy(),
         a.float().contiguous().numpy(), y.contiguous().numpy(), w.detach().contiguous().numpy(),
-        stride, whole, MAX_TILES, U_OUT, idx.numpy(),
+        MAX_TILES, U_OUT, idx.numpy(),
     )  # fmt: skip
     _plain_rows(y, w, idx, idx < 0)
     return idx
