@@ -275,3 +275,18 @@ def test_moe_rows_numba_equals_torch(rows, experts, k):
     idx[rows - 1, 0] = experts
     with pytest.raises(IndexError, match="expert id"):
         moe.moe_rows_numba(x, idx, w, packed)
+
+
+def test_weight_array_is_kept_until_the_weight_changes():
+    """The numba kernels' fp32 view of a weight is made once, and again after an in-place update
+    or for an inference tensor (no version counter) each time."""
+    w = torch.nn.Parameter(torch.arange(4.0))
+    first = dispatch.weight_array(w)
+    assert dispatch.weight_array(w) is first
+    with torch.no_grad():
+        w.mul_(2)
+    assert dispatch.weight_array(w).tolist() == [0.0, 2.0, 4.0, 6.0]
+    with torch.inference_mode():
+        t = torch.ones(3)
+        assert dispatch.weight_array(t).tolist() == [1.0, 1.0, 1.0]
+    assert dispatch.weight_array(torch.ones(2, dtype=torch.bfloat16)).dtype.name == "float32"

@@ -83,5 +83,20 @@ def cpu_kernel(fn):
     return numba.njit(cache=True, fastmath=_FASTMATH, nogil=True, error_model="numpy")(fn)
 
 
+def weight_array(w: torch.Tensor):
+    """An fp32 numpy view of a weight for the numba kernels, made once and kept on the tensor
+    (a decode step passes each weight to a kernel every layer, and the conversion is a few ops
+    each time); made again when the weight is updated in place or replaced."""
+    if w.is_inference():  # no version counter to tell an update by: converted each time
+        return w.detach().float().contiguous().numpy()
+    key = (w.data_ptr(), w._version)
+    held = getattr(w, "_deepring_array", None)
+    if held is not None and held[0] == key:
+        return held[1]
+    arr = w.detach().float().contiguous().numpy()
+    w._deepring_array = (key, arr)
+    return arr
+
+
 def next_pow2(n: int) -> int:
     return 1 << max(0, (int(n) - 1).bit_length())

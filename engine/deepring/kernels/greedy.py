@@ -23,7 +23,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from deepring.kernels.dispatch import cpu_kernel, use_numba
+from deepring.kernels.dispatch import cpu_kernel, use_numba, weight_array
 
 U_OUT = 2.0**-8 / (1 - 2.0**-8)  # bf16 output rounding, relative to the rounded value
 # Tokens per tile: few enough that a tile reaching the threshold holds few tokens to check, and
@@ -178,7 +178,7 @@ def settle_numba(
     idx = torch.empty(approx.shape[0], dtype=torch.long)
     _settle_kernel(
         approx.view(torch.int16).numpy(), tile_key.contiguous().numpy(),
-        a.float().contiguous().numpy(), y.contiguous().numpy(), w.detach().contiguous().numpy(),
+        a.float().contiguous().numpy(), y.contiguous().numpy(), weight_array(w),
         MAX_TILES, U_OUT, idx.numpy(),
     )  # fmt: skip
     _plain_rows(y, w, idx, idx < 0)

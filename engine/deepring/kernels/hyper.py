@@ -14,7 +14,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from deepring.kernels.dispatch import cpu_kernel, use_numba
+from deepring.kernels.dispatch import cpu_kernel, use_numba, weight_array
 from deepring.kernels.rmsnorm import inv_rms
 
 # Up to this many rows, one fused norm beats normalising after the projection.
@@ -167,7 +167,7 @@ def hc_pre_numba(
     comb_t = h.new_empty(t, hc, hc)
     x = h.new_empty(t, d)
     _hc_pre_kernel(
-        h.numpy(), mix.numpy(), base.detach().numpy(), scale.detach().numpy(), iters,
+        h.numpy(), mix.numpy(), weight_array(base), weight_array(scale), iters,
         hc_eps, norm_eps, post.numpy(), comb_t.numpy(), x.numpy(),
     )  # fmt: skip
     return post, comb_t, x

@@ -12,7 +12,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from deepring.kernels.dispatch import HAVE_TRITON, cpu_kernel, use_triton
+from deepring.kernels.dispatch import HAVE_TRITON, cpu_kernel, use_triton, weight_array
 
 
 @cpu_kernel
@@ -82,7 +82,7 @@ def route_numba(
     w = torch.empty(t, top_k)
     _route_kernel(
         logits.contiguous().numpy(), _FUNC_CODES[func],
-        _NO_BIAS if bias is None else bias.detach().float().numpy(), hashed_idx is not None,
+        _NO_BIAS if bias is None else weight_array(bias), hashed_idx is not None,
         idx.numpy(), w.numpy(), scaling,
     )  # fmt: skip
     return idx, w

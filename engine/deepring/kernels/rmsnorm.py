@@ -9,7 +9,14 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from deepring.kernels.dispatch import HAVE_TRITON, cpu_kernel, next_pow2, use_numba, use_triton
+from deepring.kernels.dispatch import (
+    HAVE_TRITON,
+    cpu_kernel,
+    next_pow2,
+    use_numba,
+    use_triton,
+    weight_array,
+)
 
 
 def rms_norm_torch(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
@@ -52,7 +59,7 @@ def rms_norm_numba(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> 
     """rms_norm_torch for fp32 CPU tensors in one kernel call."""
     flat = x.contiguous().view(-1, x.shape[-1])
     out = torch.empty_like(flat)
-    w = NO_WEIGHT if weight is None else weight.detach().float().numpy()
+    w = NO_WEIGHT if weight is None else weight_array(weight)
     _rms_norm_numba(flat.numpy(), w, weight is not None, eps, out.numpy())
     return out.view(x.shape)
 

@@ -9,7 +9,14 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from deepring.kernels.dispatch import HAVE_TRITON, cpu_kernel, next_pow2, use_numba, use_triton
+from deepring.kernels.dispatch import (
+    HAVE_TRITON,
+    cpu_kernel,
+    next_pow2,
+    use_numba,
+    use_triton,
+    weight_array,
+)
 from deepring.kernels.rmsnorm import NO_WEIGHT, NUMBA_ROWS, inv_rms, rms_norm
 
 
@@ -78,7 +85,7 @@ def norm_rope(
         t, d = x.shape[0], x.shape[-1]
         x3 = x.contiguous().view(t, -1, d)
         out = torch.empty_like(x3)
-        w = NO_WEIGHT if weight is None else weight.detach().float().numpy()
+        w = NO_WEIGHT if weight is None else weight_array(weight)
         _norm_rope_kernel(
             x3.numpy(), w, weight is not None, eps, cos.numpy(), sin.numpy(), out.numpy()
         )
