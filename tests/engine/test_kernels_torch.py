@@ -128,6 +128,18 @@ def test_decode_attention_reference(mode, slots):
     )
     want = _dense_reference(q, kv, ring, c, lay, idx, RATIO, sinks, 0.3, WINDOW)
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    # The same with the new token written into the ring first (a pure decode step's order).
+    ring_now = ring.clone()
+    ring_now[lay.slots, lay.positions % RING] = kv
+    dense = (RATIO, comp.shape[1]) if mode == "dense" else None
+    plan = attention_decode.decode_plan(
+        lay.positions, lay.slots, lay.block_tables, RING, WINDOW, dense, kv_in_ring=True
+    )
+    got_now = attention_decode.decode_attention_torch(
+        q, torch.full_like(kv, float("nan")), ring_now, c, lay.positions, lay.slots,
+        lay.block_tables, idx, RATIO, sinks, 0.3, WINDOW, plan=plan,
+    )  # fmt: skip
+    torch.testing.assert_close(got_now, want, atol=1e-5, rtol=1e-5)
 
 
 def test_indexer_batched_rows_equal_looped_rows():

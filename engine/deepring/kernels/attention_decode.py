@@ -1,8 +1,11 @@
 """Decode attention: one new token per request over its window ring and compressed pages.
 
-The new token's key is passed separately (`kv`), so the ring still holds only earlier positions
-when this runs; ring index i holds the latest position p' < pos with p' = i (mod ring_len), and
-it is visible when p' > pos - window. Compressed keys as in prefill attention. Sinks included.
+The new token's key is passed separately (`kv`), and the ring holds only earlier positions when
+this runs: ring index i holds the latest position p' < pos with p' = i (mod ring_len), and it is
+visible when p' > pos - window. The torch path can also take a ring that already holds the new
+token (a plan made with kv_in_ring: p' <= pos), which saves it a key group; writing the ring
+first is only safe in a pure decode step, where no row needs the positions it overwrites.
+Compressed keys as in prefill attention. Sinks included.
 """
 
 from __future__ import annotations
@@ -22,8 +25,9 @@ class DecodePlan:
     these were a third of attention's)."""
 
     ring_rows: torch.Tensor | tuple[int, int]  # slot per request, or (first, n) if consecutive
-    hidden: torch.Tensor  # [B, 1, ring_len + 1 (+ N dense entries)] bool: key not visible
+    hidden: torch.Tensor  # [B, 1, ring_len (+ 1) (+ N dense entries)] bool: key not visible
     dense_rows: torch.Tensor | None  # [B, N] flat cache rows of the dense entries (paged_rows)
+    kv_in_ring: bool = False  # the ring holds the new token (no separate key group)
 
 
 def decode_plan(
@@ -33,14 +37,19 @@ def decode_plan(
     ring_len: int,
     window: int,
     dense: tuple[int, int] | None,
+    kv_in_ring: bool = False,
 ) -> DecodePlan:
     """dense: (comp_ratio, entries per block) when every causal compressed entry is attended
-    (HCA); None without compressed entries or with a per-row top-k (CSA)."""
+    (HCA); None without compressed entries or with a per-row top-k (CSA). kv_in_ring: the ring
+    already holds each request's new token."""
     b = positions.shape[0]
     p = positions[:, None]
     i = torch.arange(ring_len, device=positions.device)
-    ring_pos = (p - 1) - torch.remainder(p - 1 - i, ring_len)
-    visible = [(ring_pos >= 0) & (ring_pos > p - window), torch.ones_like(p, dtype=torch.bool)]
+    last = p if kv_in_ring else p - 1  # the newest position the ring holds
+    ring_pos = last - torch.remainder(last - i, ring_len)
+    visible = [(ring_pos >= 0) & (ring_pos > p - window)]
+    if not kv_in_ring:
+        visible.append(torch.ones_like(p, dtype=torch.bool))  # the new token, passed apart
     dense_rows = None
     if dense is not None:
         ratio, epb = dense
@@ -51,7 +60,7 @@ def decode_plan(
     hidden = ~torch.cat(visible, 1)[:, None, :]
     first = int(slots[0]) if b else 0
     consecutive = b == 1 or (b > 0 and bool((slots.diff() == 1).all()))
-    return DecodePlan((first, b) if consecutive else slots, hidden, dense_rows)
+    return DecodePlan((first, b) if consecutive else slots, hidden, dense_rows, kv_in_ring)
 
 
 def decode_attention_torch(
@@ -70,7 +79,8 @@ def decode_attention_torch(
     plan: DecodePlan | None = None,
 ) -> torch.Tensor:
     """q: [B, H, D]; kv: [B, D]; positions/slots: [B]; comp_idx: [B, K] or None. `plan`: what
-    decode_plan gives for these positions, slots and tables (built here when not given)."""
+    decode_plan gives for these positions, slots and tables (built here when not given, for a
+    ring without the new token)."""
     b, h, _ = q.shape
     if plan is None:
         dense = (comp_ratio, comp.shape[1]) if comp is not None and comp_idx is None else None
@@ -83,7 +93,8 @@ def decode_attention_torch(
     groups = [
         ring[rows[0] : rows[0] + rows[1]] if isinstance(rows, tuple) else ring.index_select(0, rows)
     ]
-    groups.append(kv[:, None])
+    if not plan.kv_in_ring:
+        groups.append(kv[:, None])
     hidden = plan.hidden
     if comp is not None and comp_idx is not None:
         groups.append(

@@ -58,10 +58,15 @@ class Attention(nn.Module):
         comp_idx = None
         if self.compressor is not None:
             comp_idx = self.compressor(proj[2:], q_lora, batch, cache)
-        out = self._attend(q, kv, batch, cache, comp_idx)
-        # Window ring: remember each request's latest positions for later steps.
+        # Window ring: remember each request's latest positions for later steps. A decode step
+        # on the torch path writes it first, and its attention reads the new token from there.
         rows, dest = batch.tail_rows(cache.ring.shape[1])
-        cache.ring.view(-1, self.head_dim)[dest] = kv[rows].to(cache.ring.dtype)
+        early = batch.is_decode and not use_triton(q)
+        if early:
+            cache.ring.view(-1, self.head_dim)[dest] = kv[rows].to(cache.ring.dtype)
+        out = self._attend(q, kv, batch, cache, comp_idx, early)
+        if not early:
+            cache.ring.view(-1, self.head_dim)[dest] = kv[rows].to(cache.ring.dtype)
 
         out = apply_rope(out, cos, sin, True, inplace=True, cis=batch.rope_cis(kind, True, 3))
         grouped = out.reshape(t, self.groups, -1)
@@ -69,18 +74,21 @@ class Attention(nn.Module):
         mixed = torch.bmm(grouped.transpose(0, 1), w.transpose(1, 2)).transpose(0, 1)
         return self.o_b_proj(mixed.reshape(t, -1))
 
-    def _decode_plan(self, batch: ForwardBatch, cache: LayerCache, dense: bool) -> DecodePlan:
+    def _decode_plan(
+        self, batch: ForwardBatch, cache: LayerCache, dense: bool, kv_in_ring: bool
+    ) -> DecodePlan:
         """The batch's decode plan for this layer's shape, built by the first layer that asks."""
         ring_len = cache.ring.shape[1]
         comp = cache.comp
         shape = (self.ratio, comp.shape[1]) if comp is not None and dense else None
         lay = batch.layout
         return batch.cached(
-            ("decode", ring_len, self.window, shape),
+            ("decode", ring_len, self.window, shape, kv_in_ring),
             lambda: decode_plan(
-                lay.positions, lay.slots, lay.block_tables, ring_len, self.window, shape
+                lay.positions, lay.slots, lay.block_tables, ring_len, self.window, shape,
+                kv_in_ring,
             ),
-        )
+        )  # fmt: skip
 
     def _attend(
         self,
@@ -89,6 +97,7 @@ class Attention(nn.Module):
         batch: ForwardBatch,
         cache: LayerCache,
         comp_idx: torch.Tensor | None,
+        kv_in_ring: bool,
     ) -> torch.Tensor:
         lay = batch.layout
         scale = self.head_dim**-0.5
@@ -96,7 +105,8 @@ class Attention(nn.Module):
         if batch.is_decode:  # one row per request, in request order
             return decode_attention(
                 q, kv, cache.ring, cache.comp, lay.positions, lay.slots, lay.block_tables,
-                comp_idx, *args, plan=self._decode_plan(batch, cache, comp_idx is None),
+                comp_idx, *args,
+                plan=self._decode_plan(batch, cache, comp_idx is None, kv_in_ring),
             )  # fmt: skip
         if use_triton(q) or not batch.decode_seqs:
             return prefill_attention(q, kv, cache.ring, cache.comp, lay, comp_idx, *args)
