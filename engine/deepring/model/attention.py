@@ -43,6 +43,9 @@ class Attention(nn.Module):
         # Every projection of the layer input runs as one GEMM.
         extra = self.compressor.projections() if self.compressor is not None else []
         self._in_proj = FusedLinears([self.q_a_proj, self.kv_proj, *extra])
+        # Likewise every projection of q_lora (the indexer's query on CSA layers).
+        extra_q = self.compressor.query_projections() if self.compressor is not None else []
+        self._q_proj = FusedLinears([self.q_b_proj, *extra_q])
 
     def forward(self, x: torch.Tensor, batch: ForwardBatch, cache: LayerCache) -> torch.Tensor:
         t = x.shape[0]
@@ -50,14 +53,15 @@ class Attention(nn.Module):
         proj = self._in_proj(x)
         q_lora = self.q_a_norm(proj[0])
         kind = self.rope_kind
-        q = self.q_b_proj(q_lora).view(t, self.heads, self.head_dim)
+        q_proj = self._q_proj(q_lora)
+        q = q_proj[0].view(t, self.heads, self.head_dim)
         q = norm_rope(q, None, self.eps, cos, sin, batch.rope_cis(kind, False, 3))
         kv_cis = batch.rope_cis(kind, False, 2)
         kv = norm_rope(proj[1], self.kv_norm.weight, self.kv_norm.eps, cos, sin, kv_cis)
 
         comp_idx = None
         if self.compressor is not None:
-            comp_idx = self.compressor(proj[2:], q_lora, batch, cache)
+            comp_idx = self.compressor(proj[2:], q_proj[1:], batch, cache)
         # Window ring: remember each request's latest positions for later steps. A decode step
         # on the torch path writes it first, and its attention reads the new token from there.
         rows, dest = batch.tail_rows(cache.ring.shape[1])

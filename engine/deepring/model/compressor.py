@@ -124,21 +124,26 @@ class Indexer(nn.Module):
         """The layers applied to the attention input (fused with the attention's own)."""
         return [self.kv_proj, self.gate_proj, self.scorer.weights_proj]
 
+    def query_projections(self) -> list[nn.Linear]:
+        """The layers applied to the attention's q_lora (fused with its q_b_proj)."""
+        return [self.q_b_proj]
+
     def forward(
         self,
         proj: tuple[torch.Tensor, ...],
-        q_lora: torch.Tensor,
+        q_proj: tuple[torch.Tensor, ...],
         batch: ForwardBatch,
         cache: LayerCache,
     ) -> torch.Tensor:
-        """proj: this module's projections() applied to the attention input."""
+        """proj, q_proj: this module's projections() applied to the attention input and its
+        query_projections() to the attention's q_lora."""
         kv, gate, weights = proj
         compress_into(
             batch, kv, gate, cache.index_tail_kv, cache.index_tail_gate, self.position_bias,
             self.kv_norm, cache.index, self.ratio, overlap=True,
         )  # fmt: skip
         cos, sin = batch.cos_sin("compress")
-        q = self.q_b_proj(q_lora).view(-1, self.heads, self.hd)
+        q = q_proj[0].view(-1, self.heads, self.hd)
         q = apply_rope(q, cos, sin, inplace=True, cis=batch.rope_cis("compress", False, 3))
         w = weights.float() * self.heads**-0.5
         return indexer_topk(q, w, cache.index, batch.layout, self.ratio, self.topk, self.hd**-0.5)
@@ -161,19 +166,24 @@ class Compressor(nn.Module):
         own = [self.kv_proj, self.gate_proj]
         return own + (self.indexer.projections() if self.indexer is not None else [])
 
+    def query_projections(self) -> list[nn.Linear]:
+        """The layers applied to the attention's q_lora (fused with its q_b_proj)."""
+        return self.indexer.query_projections() if self.indexer is not None else []
+
     def forward(
         self,
         proj: tuple[torch.Tensor, ...],
-        q_lora: torch.Tensor,
+        q_proj: tuple[torch.Tensor, ...],
         batch: ForwardBatch,
         cache: LayerCache,
     ) -> torch.Tensor | None:
         """Update the caches; return the CSA top-k entry ids per row (None for HCA).
-        proj: this module's projections() applied to the attention input."""
+        proj, q_proj: this module's projections() applied to the attention input and its
+        query_projections() to the attention's q_lora."""
         compress_into(
             batch, proj[0], proj[1], cache.tail_kv, cache.tail_gate, self.position_bias,
             self.kv_norm, cache.comp, self.ratio, self.overlap,
         )  # fmt: skip
         if self.indexer is None:
             return None
-        return self.indexer(proj[2:], q_lora, batch, cache)
+        return self.indexer(proj[2:], q_proj, batch, cache)
