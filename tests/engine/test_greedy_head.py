@@ -32,9 +32,12 @@ _NO_NUMBA = pytest.mark.skipif(not HAVE_NUMBA, reason="numba is not installed")
     ]
 )
 def kind(request, monkeypatch) -> str:
-    """The head's low-precision GEMM, with each settling pass (kernels.greedy)."""
-    kind, settle = request.param
-    monkeypatch.setattr(greedy_head, "settle", getattr(greedy_kernels, f"settle_{settle}"))
+    """The head's low-precision GEMM, with the torch or numba int8 quantisation and settling
+    pass (kernels.greedy)."""
+    kind, impl = request.param
+    monkeypatch.setattr(greedy_head, "settle", getattr(greedy_kernels, f"settle_{impl}"))
+    quantize = getattr(greedy_kernels, f"quantize_rows_{impl}")
+    monkeypatch.setattr(greedy_head, "quantize_rows", quantize)
     return kind
 
 
@@ -242,3 +245,22 @@ def test_model_greedy_tokens_agree_with_and_without_the_fast_head(monkeypatch, r
 
 def _gen(seed: int) -> torch.Generator:
     return torch.Generator().manual_seed(seed)
+
+
+@pytest.mark.skipif(not HAVE_NUMBA, reason="numba is not installed")
+def test_int8_quantisation_numba_equals_torch():
+    g = torch.Generator().manual_seed(9)
+    y = torch.randn(7, 40, generator=g) * torch.logspace(-2, 2, 7)[:, None]
+    q_t, x_t, a_t = greedy_kernels.quantize_rows_torch(y, 0.25, 3.0)
+    q_n, x_n, a_n = greedy_kernels.quantize_rows_numba(y, 0.25, 3.0)
+    assert x_n == x_t
+    assert torch.equal(q_n, q_t)
+    torch.testing.assert_close(a_n, a_t, rtol=1e-5, atol=0)
+    y[2, 5] = float("inf")
+    assert greedy_kernels.quantize_rows_numba(y, 0.25, 3.0) is None
+    assert greedy_kernels.quantize_rows_torch(y, 0.25, 3.0) is None
+    y[2, 5] = float("nan")
+    assert greedy_kernels.quantize_rows_numba(y, 0.25, 3.0) is None
+    zero = greedy_kernels.quantize_rows_numba(torch.zeros(2, 4), 0.25, 3.0)
+    assert zero[1] == 1.0
+    assert not zero[0].any()

@@ -205,6 +205,7 @@ def test_model_load_compiles_every_kernel_for_the_types_steps_use():
         moe._route_kernel,
         rope._norm_rope_kernel,
         greedy._settle_kernel,
+        greedy._quantize_kernel,
         moe._moe_rows_kernel,
     ]
     model = load_model(model_config("swa-csa-hca"), load_format="dummy", device="cpu").model

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from deepring.kernels.dispatch import use_numba
-from deepring.kernels.greedy import settle_numba
+from deepring.kernels.greedy import quantize_rows_numba, settle_numba
 from deepring.kernels.hyper import hc_merge_numba, hc_pre_numba
 from deepring.kernels.moe import MoEPacked, moe_rows_numba, route_numba
 from deepring.kernels.rmsnorm import rms_norm_numba
@@ -38,6 +38,7 @@ def warm_up_cpu_kernels() -> None:
     norm_rope(x2, torch.ones(4), 1e-6, cis.real, cis.imag)
     norm_rope(x2, None, 1e-6, cis.real, cis.imag)
     settle_numba(torch.zeros(1, 4, dtype=torch.bfloat16), torch.zeros(1), x[0], torch.zeros(4, 4))
+    quantize_rows_numba(x[0], 1.0, 1.0)
     w4 = torch.zeros(4, 4)
     packed = MoEPacked().prepare(
         torch.zeros(2, 4, 4), torch.zeros(2, 4, 2), w4[:2], w4[:2], w4[:, :2], 1.0

@@ -185,6 +185,69 @@ def settle_numba(
     return idx
 
 
+def quantize_rows_torch(
+    y: torch.Tensor, res_term: float, w_max: float
+) -> tuple[torch.Tensor, float, torch.Tensor] | None:
+    """The int8 head's input (model.greedy_head): rows y [R, K] (fp32) as int8 q with one scale
+    x, and each row's bound A = ||x q|| * res_term + ||y - x q|| * w_max. None when y holds a
+    non-finite value (no bound holds)."""
+    if not bool(torch.isfinite(y).all()):
+        return None
+    top = y.abs().amax()
+    x = torch.where(top > 0, top / 127, torch.ones_like(top))  # fp32, exactly as used below
+    q = torch.round(y / x).clamp_(-127, 127)
+    lp = q * x
+    a = torch.linalg.vector_norm(lp, dim=-1) * res_term
+    a += torch.linalg.vector_norm(y - lp, dim=-1) * w_max
+    return q.to(torch.int8), float(x), a
+
+
+@cpu_kernel
+def _quantize_kernel(y, res_term, w_max, q, a):
+    """quantize_rows_torch in two passes over y; returns the scale, or -1 for non-finite y."""
+    n, k = y.shape
+    top = np.float32(0.0)
+    bad = np.float32(0.0)
+    for r in range(n):
+        for i in range(k):
+            v = y[r, i]
+            bad += v * np.float32(0.0)  # NaN once any value is inf or NaN
+            top = max(top, abs(v))
+    if bad != 0.0 or not np.isfinite(top):
+        return np.float32(-1.0)
+    x = top / np.float32(127.0) if top > 0 else np.float32(1.0)
+    rt = np.float32(res_term)
+    wm = np.float32(w_max)
+    for r in range(n):
+        lp_ss = np.float32(0.0)
+        res_ss = np.float32(0.0)
+        for i in range(k):
+            qi = min(max(np.round(y[r, i] / x), np.float32(-127.0)), np.float32(127.0))
+            q[r, i] = np.int8(qi)
+            lp = qi * x
+            lp_ss += lp * lp
+            res_ss += (y[r, i] - lp) * (y[r, i] - lp)
+        a[r] = np.sqrt(lp_ss) * rt + np.sqrt(res_ss) * wm
+    return x
+
+
+def quantize_rows_numba(
+    y: torch.Tensor, res_term: float, w_max: float
+) -> tuple[torch.Tensor, float, torch.Tensor] | None:
+    y = y.contiguous()
+    q = torch.empty(y.shape, dtype=torch.int8)
+    a = torch.empty(y.shape[0])
+    x = float(_quantize_kernel(y.numpy(), res_term, w_max, q.numpy(), a.numpy()))
+    return None if x < 0 else (q, x, a)
+
+
+def quantize_rows(
+    y: torch.Tensor, res_term: float, w_max: float
+) -> tuple[torch.Tensor, float, torch.Tensor] | None:
+    fn = quantize_rows_numba if use_numba(y) else quantize_rows_torch
+    return fn(y, res_term, w_max)
+
+
 def settle(approx: torch.Tensor, a: torch.Tensor, y: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     fast = use_numba(y) and w.dtype == torch.float32 and approx.is_contiguous()
     return (settle_numba if fast else settle_torch)(approx, a, y, w)

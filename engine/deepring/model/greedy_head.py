@@ -30,7 +30,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from deepring.kernels.greedy import settle
+from deepring.kernels.greedy import quantize_rows, settle
 
 # The bound is itself computed in fp32; a margin far above those roundings keeps it an upper bound.
 _MARGIN = 1 + 2.0**-8
@@ -93,8 +93,10 @@ class _Bf16Logits:
         self.res_max = float(_row_norm(w - w16f).max())
         self._gemm = _packed_gemm(w16)
 
-    def __call__(self, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """bf16 logits [R, V] and the bound A of each row."""
+    def __call__(self, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """bf16 logits [R, V] and the bound A of each row; None for a non-finite y."""
+        if not bool(torch.isfinite(y).all()):
+            return None
         y16 = y.to(torch.bfloat16)
         y16f = y16.float()
         lp_n = _row_norm(y16f)
@@ -121,16 +123,14 @@ class _Int8Logits:
         self._zero = torch.zeros(w.shape[0], dtype=torch.long)
         self._packed = torch.ops.onednn.qlinear_prepack(q.to(torch.int8), None)
 
-    def __call__(self, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        top = y.abs().amax()
-        x = torch.where(top > 0, top / 127, torch.ones_like(top))  # fp32, exactly as used below
-        q = torch.round(y / x).clamp_(-127, 127)
-        lp = q * x
-        lp_n = _row_norm(lp)
-        a = lp_n * (self.res_max + 2.0**-20 * self.lp_max) + _row_norm(y - lp) * self.w_max
+    def __call__(self, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+        quantized = quantize_rows(y, self.res_max + 2.0**-20 * self.lp_max, self.w_max)
+        if quantized is None:  # a non-finite row
+            return None
+        q, x, a = quantized
         approx = torch.ops.onednn.qlinear_pointwise(
-            q.to(torch.int8), float(x), 0, self._packed, self._scale, self._zero, None,
-            1.0, 0, torch.bfloat16, "none", [], "",
+            q, x, 0, self._packed, self._scale, self._zero, None, 1.0, 0, torch.bfloat16,
+            "none", [], "",
         )  # fmt: skip
         return approx, a
 
@@ -159,7 +159,8 @@ class GreedyHead:
         """argmax_j (y @ w.T)[r, j] in fp32 for each row r (first maximum); y: [R, K]."""
         self.prepare(w)
         y = y.float()
-        if not bool(torch.isfinite(y).all()):  # no bound holds; the plain path says what fp32 does
+        logits = self._logits(y)
+        if logits is None:  # a non-finite row: no bound holds, the plain path says what fp32 does
             return F.linear(y, w.float()).argmax(-1)
-        approx, a = self._logits(y)
+        approx, a = logits
         return settle(approx, a * _MARGIN, y, w)
