@@ -88,109 +88,71 @@ def route_numba(
     return idx, w
 
 
-# Up to this many rows the numba MoE (moe_rows_numba) runs instead of the torch path.
+# Up to this many rows the numba MoE (moe_rows_numba) runs instead of the torch path, and only
+# for layers whose expert weights are small (it keeps a copy of the gate / up projections).
 MOE_NUMBA_ROWS = 64
+MOE_NUMBA_MAX_BYTES = 64 << 20
 
 
 @cpu_kernel
-def _swiglu_into(h, inter, limit, act, scale):
-    """act[j] = scale * silu(min(g_j, limit)) * clamp(u_j, -limit, limit), g = h[:inter],
-    u = h[inter:2 inter]."""
+def _down_into(h, g0, inter, limit, scale, down, act, out):
+    """out += scale * down @ swiglu(g, u), g = h[g0 : g0 + inter], u the next inter values."""
     for j in range(inter):
-        g = min(h[j], limit)
-        u = min(max(h[inter + j], -limit), limit)
+        g = min(h[g0 + j], limit)
+        u = min(max(h[g0 + inter + j], -limit), limit)
         act[j] = scale * (g / (np.float32(1.0) + np.exp(-g))) * u
+    for c in range(down.shape[0]):
+        s = np.float32(0.0)
+        for j in range(inter):
+            s += down[c, j] * act[j]
+        out[c] += s
 
 
 @cpu_kernel
-def _mlp_rows_into(x, rows, scales, gu_t, dn_t, limit, h, act, out):
-    """out[rows[a]] += scales[a] * down(swiglu(gate_up(x[rows[a]]))) for a group of rows that
-    share one MLP, with its weights transposed (gu_t [d, 2i], dn_t [i, d]): each weight row is
-    read once for the whole group and every inner loop runs along contiguous outputs."""
-    m = rows.shape[0]
-    d, i2 = gu_t.shape
-    inter = i2 // 2
-    for a in range(m):
-        for j in range(i2):
-            h[a, j] = 0.0
-    for c in range(d):
-        for a in range(m):
-            xc = x[rows[a], c]
-            for j in range(i2):
-                h[a, j] += gu_t[c, j] * xc
-    for a in range(m):
-        _swiglu_into(h[a], inter, limit, act[a], scales[a])
-    for j in range(inter):
-        for a in range(m):
-            v = act[a, j]
-            r = rows[a]
-            for c in range(d):
-                out[r, c] += dn_t[j, c] * v
-
-
-@cpu_kernel
-def _moe_rows_kernel(x, idx, wts, gu_t, dn_t, sgu_t, sdn_t, limit, out):
-    """out[t] = shared(x[t]) + sum_r wts[t, r] * expert_{idx[t, r]}(x[t]), the routed pairs
-    grouped by expert (a counting sort) so each expert's weights are read once."""
-    n = x.shape[0]
-    k = idx.shape[1]
-    n_experts = gu_t.shape[0]
-    width = max(gu_t.shape[2], sgu_t.shape[1])
-    # One expert may get every pair, more than n when a row picks it twice (a hash table may).
-    group = max(n * k, n, 1)
-    h = np.empty((group, width), np.float32)
-    act = np.empty((group, width), np.float32)
+def _moe_rows_kernel(h, idx, wts, down, shared_down, limit, out):
+    """out[t] = shared(t) + sum_r wts[t, r] * expert_{idx[t, r]}(t), from the gate / up
+    projections h [n, E * 2i + 2s] of every expert and then the shared one."""
+    n, d = out.shape
+    n_experts, _, inter = down.shape
+    s_inter = shared_down.shape[1]
+    act = np.empty(max(inter, s_inter), np.float32)
     lim = np.float32(limit)
-    out[:, :] = 0.0
-    _mlp_rows_into(x, np.arange(n), np.ones(n, np.float32), sgu_t, sdn_t, lim, h, act, out)
-    starts = np.zeros(n_experts + 1, np.int64)
     for t in range(n):
-        for r in range(k):
+        for c in range(d):
+            out[t, c] = 0.0
+        _down_into(h[t], n_experts * 2 * inter, s_inter, lim, np.float32(1.0), shared_down, act,
+                   out[t])  # fmt: skip
+        for r in range(idx.shape[1]):
             e = idx[t, r]
             if e < 0 or e >= n_experts:
                 raise IndexError("moe: an expert id is out of range")
-            starts[e + 1] += 1
-    for e in range(n_experts):
-        starts[e + 1] += starts[e]
-    fill = starts[:-1].copy()
-    pair_row = np.empty(n * k, np.int64)
-    pair_w = np.empty(n * k, np.float32)
-    for t in range(n):
-        for r in range(k):
-            e = idx[t, r]
-            pair_row[fill[e]] = t
-            pair_w[fill[e]] = wts[t, r]
-            fill[e] += 1
-    for e in range(n_experts):
-        lo, hi = starts[e], starts[e + 1]
-        if hi > lo:
-            _mlp_rows_into(x, pair_row[lo:hi], pair_w[lo:hi], gu_t[e], dn_t[e], lim, h, act, out)
+            _down_into(h[t], e * 2 * inter, inter, lim, wts[t, r], down[e], act, out[t])
 
 
 def moe_rows_numba(
     x: torch.Tensor, idx: torch.Tensor, weights: torch.Tensor, packed: MoEPacked
 ) -> torch.Tensor:
-    """Routed experts plus the shared expert for a few rows (decode) on fp32 CPU tensors, in
-    one kernel: only the chosen experts run, on the rows that chose them (see MoEPacked for the
-    weight layout), where the torch path runs about a dozen ops."""
+    """Routed experts plus the shared expert for a few rows (decode) on fp32 CPU tensors: one
+    GEMM for the gate / up projections of every expert (few rows: cheaper than picking), then
+    one kernel for the chosen experts' activations and down projections, where the torch path
+    runs about a dozen ops."""
     if x.dim() != 2 or x.shape[1] != packed.dim:
         raise ValueError(f"moe: rows {tuple(x.shape)} do not match the expert width {packed.dim}")
     if idx.shape != weights.shape or idx.shape[0] != x.shape[0]:
         raise ValueError(f"moe: idx {tuple(idx.shape)} and weights {tuple(weights.shape)} differ")
+    h = F.linear(x, packed.gate_up)
     out = torch.empty_like(x)
     _moe_rows_kernel(
-        x.contiguous().numpy(), idx.contiguous().numpy(), weights.float().contiguous().numpy(),
-        packed.gate_up_t, packed.down_t, packed.shared_gate_up_t, packed.shared_down_t,
-        packed.limit, out.numpy(),
+        h.numpy(), idx.contiguous().numpy(), weights.float().contiguous().numpy(),
+        packed.down, packed.shared_down, packed.limit, out.numpy(),
     )  # fmt: skip
     return out
 
 
 class MoEPacked:
-    """Transposed copies of an MoE layer's fp32 weights for moe_rows_numba: the routed experts'
-    gate_up [E, 2i, d] and down [E, d, i] as [E, d, 2i] and [E, i, d], the shared expert's
-    likewise, so a matrix-vector product adds up contiguous weight rows (vectorised multiply-adds)
-    instead of reducing each output across a row. Rebuilt when a weight changes."""
+    """An MoE layer's weights as moe_rows_numba takes them: the gate / up projections of every
+    routed expert and then the shared one as one matrix [E * 2i + 2s, d] (a copy), the down
+    projections as numpy views. Rebuilt when a weight changes."""
 
     def __init__(self) -> None:
         self._key: tuple | None = None
@@ -218,13 +180,12 @@ class MoEPacked:
                 if tuple(got) != tuple(want):
                     raise ValueError(f"moe: {name} has shape {tuple(got)}, expected {want}")
             self.dim = d
-
-            def t(w: torch.Tensor) -> np.ndarray:
-                return w.detach().float().transpose(-1, -2).contiguous().numpy()
-
-            self.gate_up_t, self.down_t = t(gate_up), t(down)
-            self.shared_gate_up_t = t(torch.cat([shared_gate, shared_up]))
-            self.shared_down_t = t(shared_down)
+            with torch.no_grad():
+                self.gate_up = torch.cat(
+                    [gate_up.reshape(e * i2, d), shared_gate, shared_up]
+                ).float()
+            self.down = weight_array(down)
+            self.shared_down = weight_array(shared_down)
             self.limit = float(limit)
             self._key = key
         return self

@@ -14,6 +14,7 @@ from torch import nn
 
 from deepring.kernels.dispatch import use_numba
 from deepring.kernels.moe import (
+    MOE_NUMBA_MAX_BYTES,
     MOE_NUMBA_ROWS,
     MoEPacked,
     clamped_swiglu,
@@ -108,7 +109,7 @@ class MoE(nn.Module):
 
     def forward(self, x: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
         idx, w = self.gate(x, input_ids)
-        if use_numba(x, MOE_NUMBA_ROWS) and not self.experts.gate_up_proj.requires_grad:
+        if use_numba(x, MOE_NUMBA_ROWS) and self._numba_fits():
             ex, sh = self.experts, self.shared_experts
             packed = self._packed.prepare(
                 ex.gate_up_proj, ex.down_proj, sh.gate_proj.weight, sh.up_proj.weight,
@@ -116,3 +117,8 @@ class MoE(nn.Module):
             )  # fmt: skip
             return moe_rows_numba(x, idx, w, packed)
         return self.experts(x, idx, w) + self.shared_experts(x)
+
+    def _numba_fits(self) -> bool:
+        """The numba MoE copies the gate / up projections: only for small layers, in inference."""
+        w = self.experts.gate_up_proj
+        return not w.requires_grad and w.numel() * w.element_size() <= MOE_NUMBA_MAX_BYTES
