@@ -291,3 +291,28 @@ def test_weight_array_is_kept_until_the_weight_changes():
         t = torch.ones(3)
         assert dispatch.weight_array(t).tolist() == [1.0, 1.0, 1.0]
     assert dispatch.weight_array(torch.ones(2, dtype=torch.bfloat16)).dtype.name == "float32"
+
+
+def test_moe_layers_above_the_size_cap_keep_the_torch_path(monkeypatch):
+    """The numba MoE keeps a copy of the gate / up projections, so layers whose expert weights
+    exceed MOE_NUMBA_MAX_BYTES run the torch path; both give the same output."""
+    from deepring.model import moe as moe_mod
+    from deepring.model.config import MOE
+    from deepring.model.dummy import init_dummy_weights
+    from deepring.model.tiny import tiny_config
+
+    layer = moe_mod.MoE(tiny_config(), MOE)
+    init_dummy_weights(layer, seed=4)
+    layer.requires_grad_(False)
+    x = torch.randn(6, tiny_config().hidden_size, generator=torch.Generator().manual_seed(1))
+    ids = torch.arange(6)
+    calls = []
+    real = moe_mod.moe_rows_numba
+    monkeypatch.setattr(moe_mod, "moe_rows_numba", lambda *a: calls.append(1) or real(*a))
+    with _kernels(monkeypatch, "auto"), torch.inference_mode():
+        fast = layer(x, ids)
+        assert calls == [1]
+        monkeypatch.setattr(moe_mod, "MOE_NUMBA_MAX_BYTES", 0)
+        plain = layer(x, ids)
+        assert calls == [1]
+    torch.testing.assert_close(fast, plain, atol=1e-5, rtol=1e-5)
