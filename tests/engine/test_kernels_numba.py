@@ -261,21 +261,24 @@ def test_moe_rows_numba_equals_torch(rows, experts, k):
     gs, us = F.linear(x, sg), F.linear(x, su)
     want = want + F.linear(moe.clamped_swiglu(gs, us, limit), sd)
     packed = moe.MoEPacked().prepare(gate_up, down, sg, su, sd, limit)
-    got = moe.moe_rows_numba(x, idx, w, packed)
+    got = moe.moe_rows_numba(packed.project(x), idx, w, packed)
     torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-5)
     with torch.no_grad():
         down.mul_(2)  # an in-place update: the packed copy notices
     want2 = moe.moe_experts_torch(x, idx, w, gate_up, down, limit)
     want2 = want2 + F.linear(moe.clamped_swiglu(gs, us, limit), sd)
-    got2 = moe.moe_rows_numba(x, idx, w, packed.prepare(gate_up, down, sg, su, sd, limit))
+    packed.prepare(gate_up, down, sg, su, sd, limit)
+    got2 = moe.moe_rows_numba(packed.project(x), idx, w, packed)
     torch.testing.assert_close(got2, want2, atol=1e-4, rtol=1e-5)
     with pytest.raises(ValueError, match="expert width"):
-        moe.moe_rows_numba(x[:, :8], idx, w, packed)
+        packed.project(x[:, :8])
+    with pytest.raises(ValueError, match="project"):
+        moe.moe_rows_numba(x, idx, w, packed)
     with pytest.raises(ValueError, match="shared_down"):
         moe.MoEPacked().prepare(gate_up, down, sg, su, sd[:, :3], limit)
     idx[rows - 1, 0] = experts
     with pytest.raises(IndexError, match="expert id"):
-        moe.moe_rows_numba(x, idx, w, packed)
+        moe.moe_rows_numba(packed.project(x), idx, w, packed)
 
 
 def test_weight_array_is_kept_until_the_weight_changes():

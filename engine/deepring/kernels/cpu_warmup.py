@@ -43,4 +43,6 @@ def warm_up_cpu_kernels() -> None:
     packed = MoEPacked().prepare(
         torch.zeros(2, 4, 4), torch.zeros(2, 4, 2), w4[:2], w4[:2], w4[:, :2], 1.0
     )
-    moe_rows_numba(out, torch.zeros(1, 2, dtype=torch.long), torch.ones(1, 2), packed)
+    moe_rows_numba(
+        packed.project(out), torch.zeros(1, 2, dtype=torch.long), torch.ones(1, 2), packed
+    )

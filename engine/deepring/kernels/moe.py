@@ -130,18 +130,17 @@ def _moe_rows_kernel(h, idx, wts, down, shared_down, limit, out):
 
 
 def moe_rows_numba(
-    x: torch.Tensor, idx: torch.Tensor, weights: torch.Tensor, packed: MoEPacked
+    h: torch.Tensor, idx: torch.Tensor, weights: torch.Tensor, packed: MoEPacked
 ) -> torch.Tensor:
-    """Routed experts plus the shared expert for a few rows (decode) on fp32 CPU tensors: one
-    GEMM for the gate / up projections of every expert (few rows: cheaper than picking), then
-    one kernel for the chosen experts' activations and down projections, where the torch path
-    runs about a dozen ops."""
-    if x.dim() != 2 or x.shape[1] != packed.dim:
-        raise ValueError(f"moe: rows {tuple(x.shape)} do not match the expert width {packed.dim}")
-    if idx.shape != weights.shape or idx.shape[0] != x.shape[0]:
+    """Routed experts plus the shared expert for a few rows (decode) on fp32 CPU tensors, from
+    packed.project(x) (the gate / up projections of every expert in one GEMM: few rows, cheaper
+    than picking): one kernel for the chosen experts' activations and down projections, where
+    the torch path runs about a dozen ops."""
+    if h.dim() != 2 or h.shape[1] != packed.gate_up.shape[0] or not h.is_contiguous():
+        raise ValueError(f"moe: {tuple(h.shape)} is not packed.project's output")
+    if idx.shape != weights.shape or idx.shape[0] != h.shape[0]:
         raise ValueError(f"moe: idx {tuple(idx.shape)} and weights {tuple(weights.shape)} differ")
-    h = F.linear(x, packed.gate_up)
-    out = torch.empty_like(x)
+    out = h.new_empty(h.shape[0], packed.dim)
     _moe_rows_kernel(
         h.numpy(), idx.contiguous().numpy(), weights.float().contiguous().numpy(),
         packed.down, packed.shared_down, packed.limit, out.numpy(),
@@ -151,8 +150,9 @@ def moe_rows_numba(
 
 class MoEPacked:
     """An MoE layer's weights as moe_rows_numba takes them: the gate / up projections of every
-    routed expert and then the shared one as one matrix [E * 2i + 2s, d] (a copy), the down
-    projections as numpy views. Rebuilt when a weight changes."""
+    routed expert, then the shared one's, then the router (when given) as one matrix
+    [E * 2i + 2s (+ E), d] (a copy), the down projections as numpy views. Rebuilt when a weight
+    changes."""
 
     def __init__(self) -> None:
         self._key: tuple | None = None
@@ -165,8 +165,10 @@ class MoEPacked:
         shared_up: torch.Tensor,
         shared_down: torch.Tensor,
         limit: float,
+        router: torch.Tensor | None = None,
     ) -> MoEPacked:
-        ws = (gate_up, down, shared_gate, shared_up, shared_down)
+        extra = [] if router is None else [router]
+        ws = (gate_up, down, shared_gate, shared_up, shared_down, *extra)
         key = (*((w.data_ptr(), w._version) for w in ws), limit)
         if key != self._key:
             e, i2, d = gate_up.shape
@@ -176,19 +178,28 @@ class MoEPacked:
                 "shared_gate": (shared_gate.shape[1:], (d,)),
                 "shared_down": (shared_down.shape, (d, shared_gate.shape[0])),
             }
+            if router is not None:
+                shapes["router"] = (router.shape, (e, d))
             for name, (got, want) in shapes.items():
                 if tuple(got) != tuple(want):
                     raise ValueError(f"moe: {name} has shape {tuple(got)}, expected {want}")
             self.dim = d
             with torch.no_grad():
                 self.gate_up = torch.cat(
-                    [gate_up.reshape(e * i2, d), shared_gate, shared_up]
+                    [gate_up.reshape(e * i2, d), shared_gate, shared_up, *extra]
                 ).float()
+            self.router_at = e * i2 + 2 * shared_gate.shape[0]
             self.down = weight_array(down)
             self.shared_down = weight_array(shared_down)
             self.limit = float(limit)
             self._key = key
         return self
+
+    def project(self, x: torch.Tensor) -> torch.Tensor:
+        """Every projection of x the packed matrix holds, [T, E * 2i + 2s (+ E)]."""
+        if x.dim() != 2 or x.shape[1] != self.dim:
+            raise ValueError(f"moe: rows {tuple(x.shape)} do not match the expert width {self.dim}")
+        return F.linear(x, self.gate_up)
 
 
 def _group(idx: torch.Tensor, n_experts: int) -> tuple[torch.Tensor, list[int]]:

@@ -55,8 +55,13 @@ class Router(nn.Module):
     def forward(
         self, x: torch.Tensor, input_ids: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        logits = F.linear(x, self.weight)
-        if use_numba(logits) and x.shape[0]:
+        return self.route(F.linear(x, self.weight), input_ids)
+
+    def route(
+        self, logits: torch.Tensor, input_ids: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Expert ids and weights [T, k] from the router logits [T, E]."""
+        if use_numba(logits) and logits.shape[0]:
             bias = None if self.hashed else self.e_score_correction_bias
             hashed_idx = self.tid2eid[input_ids] if self.hashed else None
             return route_numba(logits, self.func, bias, hashed_idx, self.top_k, self.scaling)
@@ -108,14 +113,16 @@ class MoE(nn.Module):
         self._packed = MoEPacked()
 
     def forward(self, x: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
-        idx, w = self.gate(x, input_ids)
         if use_numba(x, MOE_NUMBA_ROWS) and self._numba_fits():
             ex, sh = self.experts, self.shared_experts
             packed = self._packed.prepare(
                 ex.gate_up_proj, ex.down_proj, sh.gate_proj.weight, sh.up_proj.weight,
-                sh.down_proj.weight, ex.limit,
+                sh.down_proj.weight, ex.limit, self.gate.weight,
             )  # fmt: skip
-            return moe_rows_numba(x, idx, w, packed)
+            h = packed.project(x)  # every expert's gate / up, the shared one's, the router's
+            idx, w = self.gate.route(h[:, packed.router_at :], input_ids)
+            return moe_rows_numba(h, idx, w, packed)
+        idx, w = self.gate(x, input_ids)
         return self.experts(x, idx, w) + self.shared_experts(x)
 
     def _numba_fits(self) -> bool:
