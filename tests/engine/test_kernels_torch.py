@@ -142,11 +142,17 @@ def test_decode_attention_reference(mode, slots):
     torch.testing.assert_close(got_now, want, atol=1e-5, rtol=1e-5)
 
 
-def test_indexer_batched_rows_equal_looped_rows():
+@pytest.mark.parametrize(
+    ("starts", "lens"),
+    [
+        ([20, 7, 0, 33], [1, 6, 1, 1]),  # one prefill chunk among decode rows
+        ([4, 4, 0, 4], [6, 6, 1, 6]),  # equal chunks batched, one apart from the others
+        ([4, 4, 9, 0], [6, 6, 5, 3]),  # equal adjacent chunks, and two of their own
+    ],
+)
+def test_indexer_batched_rows_equal_looped_rows(starts, lens):
     g = torch.Generator().manual_seed(1)
-    lay = _layout(
-        [20, 7, 0, 33], [1, 6, 1, 1], [0, 1, 2, 3], [[1, 2, 0], [3, 0, 0], [4, 0, 0], [5, 6, 7]]
-    )
+    lay = _layout(starts, lens, [0, 1, 2, 3], [[1, 2, 0], [3, 0, 0], [4, 0, 0], [5, 6, 7]])
     t = sum(lay.lens)
     q, w = torch.randn(t, 4, 8, generator=g), torch.randn(t, 4, generator=g)
     cache = torch.randn(8, BLOCK // RATIO, 8, generator=g)
