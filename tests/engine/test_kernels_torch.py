@@ -270,3 +270,21 @@ def test_greedy_tokens_equal_argmax_of_logits(monkeypatch, full_rows):
     assert logits[2].argmax() == 20
     assert logits[2, 20] == logits[2, 350]
     assert torch.equal(m.greedy_tokens(h), logits.argmax(-1))
+
+
+def test_indexer_picks_of_multi_row_chunks_are_the_top_k_set():
+    """Rows of multi-row chunks get the same set of picks as select_topk (their attention masks
+    by it); single-row chunks (decode rows) get select_topk's exact order."""
+    g = torch.Generator().manual_seed(3)
+    lay = _layout([0, 30, 9], [40, 1, 12], [0, 1, 2], [[1, 2, 3], [4, 5, 0], [6, 7, 0]])
+    t = sum(lay.lens)
+    q, w = torch.randn(t, 4, 8, generator=g), torch.randn(t, 4, generator=g)
+    cache = torch.randn(8, BLOCK // RATIO, 8, generator=g)
+    scores = indexer.indexer_scores_torch(q, w, cache, lay, RATIO, 0.5)
+    for topk in (3, 5, 100):
+        want = indexer.select_topk(scores, topk)
+        got = indexer.indexer_topk(q, w, cache, lay, RATIO, topk, 0.5)
+        assert got.shape == want.shape
+        assert torch.equal(got[40], want[40])  # the decode row, in order
+        for row in range(t):
+            assert sorted(got[row].tolist()) == sorted(want[row].tolist()), (topk, row)

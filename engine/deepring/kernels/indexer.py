@@ -149,5 +149,33 @@ def indexer_topk(
     topk: int,
     scale: float,
 ) -> torch.Tensor:
-    fn = indexer_scores_triton if use_triton(q) else indexer_scores_torch
-    return select_topk(fn(q, weights, index_cache, layout, ratio, scale), topk)
+    """The top `topk` entries of each row: in select_topk's order for single-row chunks (decode
+    rows), which gather their keys in that order; for the rows of longer chunks, whose
+    attention only masks by the picks, in any order (torch path: see _picks_of_chunks)."""
+    if use_triton(q):
+        return select_topk(
+            indexer_scores_triton(q, weights, index_cache, layout, ratio, scale), topk
+        )
+    scores = indexer_scores_torch(q, weights, index_cache, layout, ratio, scale)
+    return _picks_of_chunks(scores, topk, layout, ratio)
+
+
+def _picks_of_chunks(
+    scores: torch.Tensor, topk: int, layout: SeqLayout, ratio: int
+) -> torch.Tensor:
+    """select_topk, except that rows of multi-row chunks with at most k causal entries pick all
+    of them, in entry order, without the sort (about half the rows of a prefill; the sort was
+    the indexer's largest op there)."""
+    k = min(topk, scores.shape[1])
+    if all(n == 1 for n in layout.lens):
+        return select_topk(scores, topk)
+    dev = scores.device
+    causal = (layout.positions + 1) // ratio
+    multi = torch.tensor([n > 1 for n in layout.lens], device=dev)[layout.token_seq]
+    easy = multi & (causal <= k)
+    rest = (~easy).nonzero().flatten()
+    cols = torch.arange(k, device=dev)
+    picks = torch.where(cols < causal[:, None], cols, -1)
+    if rest.numel():
+        picks[rest] = select_topk(scores.index_select(0, rest), topk)
+    return picks
