@@ -249,6 +249,15 @@ class ForwardBatch:
         ratio; its rows are positions p + 1 - R .. p."""
         n_rows = 2 * ratio if overlap else ratio
         epb = self.block_size // ratio
+        dev = self.layout.positions.device
+        if all((c.start + 1) % ratio for c in self.chunks):  # most steps: no entry completes
+            none = torch.empty(0, dtype=torch.long, device=dev)
+            rows = none.view(0, n_rows)
+            return CompressPlan(
+                entry_seq=none, from_chunk=rows.bool(), chunk_row=rows, state_row=rows,
+                valid=rows.bool(), dest=none, rope_pos=none, keep_rows=slice(None),
+                keep_dest=keep_dest, chunk_only=True, tail_row=rows, all_valid=True,
+            )  # fmt: skip
         seqs, state, tail, dest, rope_pos, firsts = [], [], [], [], [], []
         for s, c in enumerate(self.chunks):
             p = c.start
@@ -265,7 +274,6 @@ class ForwardBatch:
             tail.extend([2 * x + (r >= ratio) for r, x in enumerate(rows)] if overlap else rows)
             dest.append(c.block_ids[(w * ratio) // self.block_size] * epb + w % epb)
             rope_pos.append(w * ratio)
-        dev = self.layout.positions.device
         e = len(seqs)
 
         def lt(x: list[int]) -> torch.Tensor:
