@@ -193,7 +193,7 @@ def test_router_numba_equals_torch(monkeypatch, func, hashed, rows, experts, k):
 def test_model_load_compiles_every_kernel_for_the_types_steps_use():
     """load_model compiles the numba kernels (so the first request does not), for exactly the
     argument types a prefill and a decode step pass: the steps add no compilation."""
-    from deepring.kernels import greedy, hyper, moe, rmsnorm, rope
+    from deepring.kernels import attention_decode, greedy, hyper, moe, rmsnorm, rope
     from deepring.model.batch import ForwardBatch, SeqChunk
     from deepring.model.loader import load_model
     from v4_helpers import model_config, pool_for, step
@@ -207,6 +207,7 @@ def test_model_load_compiles_every_kernel_for_the_types_steps_use():
         greedy._settle_kernel,
         greedy._quantize_kernel,
         moe._moe_rows_kernel,
+        attention_decode._decode_plan_kernel,
     ]
     model = load_model(model_config("swa-csa-hca"), load_format="dummy", device="cpu").model
     compiled = [len(k.signatures) for k in kernels]
@@ -319,3 +320,30 @@ def test_moe_layers_above_the_size_cap_keep_the_torch_path(monkeypatch):
         plain = layer(x, ids)
         assert calls == [1]
     torch.testing.assert_close(fast, plain, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("kv_in_ring", [False, True])
+@pytest.mark.parametrize("dense", [None, (4, 4), (16, 1)])
+@pytest.mark.parametrize("slots", [[0, 1, 2, 3], [3, 0, 2, 1], [5]])
+def test_decode_plan_numba_equals_torch(monkeypatch, kv_in_ring, dense, slots):
+    """The decode plan's mask, dense rows and ring rows from the numba kernel equal the torch
+    path's, for rows before and past the window and with consecutive or scattered slots."""
+    from deepring.kernels import attention_decode
+
+    positions = torch.tensor([0, 5, 17, 40][: len(slots)])
+    tables = torch.tensor([[3, 1, 4], [5, 2, 7], [6, 0, 8], [9, 10, 11]])[: len(slots)]
+    args = (positions, torch.tensor(slots), tables, 10, 8, dense, kv_in_ring)
+    plans = {}
+    for backend in ("torch", "auto"):
+        with _kernels(monkeypatch, backend):
+            plans[backend] = attention_decode.decode_plan(*args)
+    want, got = plans["torch"], plans["auto"]
+    assert torch.equal(got.hidden, want.hidden)
+    assert (got.dense_rows is None) == (want.dense_rows is None)
+    if want.dense_rows is not None:
+        assert torch.equal(got.dense_rows, want.dense_rows)
+    if isinstance(want.ring_rows, tuple):
+        assert got.ring_rows == want.ring_rows
+    else:
+        assert torch.equal(got.ring_rows, want.ring_rows)
+    assert got.kv_in_ring == want.kv_in_ring

@@ -14,7 +14,13 @@ from dataclasses import dataclass
 
 import torch
 
-from deepring.kernels.dispatch import HAVE_TRITON, next_pow2, use_triton
+from deepring.kernels.dispatch import (
+    HAVE_TRITON,
+    cpu_kernel,
+    next_pow2,
+    use_numba_plan,
+    use_triton,
+)
 from deepring.kernels.gather import paged_rows, take_entries
 
 
@@ -42,6 +48,10 @@ def decode_plan(
     """dense: (comp_ratio, entries per block) when every causal compressed entry is attended
     (HCA); None without compressed entries or with a per-row top-k (CSA). kv_in_ring: the ring
     already holds each request's new token."""
+    if use_numba_plan(positions):
+        return _decode_plan_numba(
+            positions, slots, block_tables, ring_len, window, dense, kv_in_ring
+        )
     b = positions.shape[0]
     p = positions[:, None]
     i = torch.arange(ring_len, device=positions.device)
@@ -61,6 +71,62 @@ def decode_plan(
     first = int(slots[0]) if b else 0
     consecutive = b == 1 or (b > 0 and bool((slots.diff() == 1).all()))
     return DecodePlan((first, b) if consecutive else slots, hidden, dense_rows, kv_in_ring)
+
+
+@cpu_kernel
+def _decode_plan_kernel(positions, slots, ring_len, window, kv_in_ring, ratio, block_tables,
+                        epb, hidden, dense_rows):  # fmt: skip
+    """decode_plan's mask and dense rows in one pass; returns whether the slots are
+    consecutive."""
+    b = positions.shape[0]
+    n_dense = dense_rows.shape[1]
+    consecutive = True
+    for r in range(b):
+        p = positions[r]
+        last = p if kv_in_ring else p - 1
+        for i in range(ring_len):
+            ring_pos = last - (last - i) % ring_len
+            hidden[r, 0, i] = not (ring_pos >= 0 and ring_pos > p - window)
+        col = ring_len
+        if not kv_in_ring:
+            hidden[r, 0, col] = False
+            col += 1
+        n = (p + 1) // ratio
+        for e in range(n_dense):
+            hidden[r, 0, col + e] = e >= n
+            j = e // epb
+            if j >= block_tables.shape[1]:
+                raise IndexError("decode plan: an entry lies beyond the block table")
+            dense_rows[r, e] = block_tables[r, j] * epb + e % epb
+        if r and slots[r] != slots[r - 1] + 1:
+            consecutive = False
+    return consecutive
+
+
+def _decode_plan_numba(
+    positions: torch.Tensor,
+    slots: torch.Tensor,
+    block_tables: torch.Tensor,
+    ring_len: int,
+    window: int,
+    dense: tuple[int, int] | None,
+    kv_in_ring: bool,
+) -> DecodePlan:
+    """decode_plan on CPU in one kernel call instead of about fifteen tiny ops."""
+    b = positions.shape[0]
+    ratio, epb = dense if dense is not None else (1, 1)
+    pos = positions.contiguous()
+    n_dense = int(pos.max() + 1) // ratio if dense is not None and b else 0
+    width = ring_len + (0 if kv_in_ring else 1) + n_dense
+    hidden = torch.empty(b, 1, width, dtype=torch.bool)
+    dense_rows = torch.empty(b, n_dense, dtype=torch.long)
+    consecutive = _decode_plan_kernel(
+        pos.numpy(), slots.contiguous().numpy(), ring_len, window, kv_in_ring, ratio,
+        block_tables.contiguous().numpy(), epb, hidden.numpy(), dense_rows.numpy(),
+    )  # fmt: skip
+    first = int(slots[0]) if b else 0
+    rows = (first, b) if b == 1 or (b > 0 and consecutive) else slots
+    return DecodePlan(rows, hidden, dense_rows if dense is not None else None, kv_in_ring)
 
 
 def decode_attention_torch(

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import torch
 
+from deepring.kernels.attention_decode import decode_plan
 from deepring.kernels.dispatch import use_numba
 from deepring.kernels.greedy import quantize_rows_numba, settle_numba
 from deepring.kernels.hyper import hc_merge_numba, hc_pre_numba
@@ -46,3 +47,5 @@ def warm_up_cpu_kernels() -> None:
     moe_rows_numba(
         packed.project(out), torch.zeros(1, 2, dtype=torch.long), torch.ones(1, 2), packed
     )
+    one = torch.zeros(1, dtype=torch.long)
+    decode_plan(one, one, torch.zeros(1, 1, dtype=torch.long), 4, 2, (4, 4), True)

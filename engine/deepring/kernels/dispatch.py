@@ -74,6 +74,13 @@ def use_numba(x: torch.Tensor, max_rows: int | None = None) -> bool:
     return x.device.type == "cpu" and x.dtype == torch.float32 and not x.requires_grad
 
 
+def use_numba_plan(x: torch.Tensor) -> bool:
+    """Whether integer bookkeeping (a step's masks and row indices) runs its numba kernel for x:
+    any CPU tensor, under `auto` or `numba`."""
+    b = backend()
+    return b in ("auto", "numba") and HAVE_NUMBA and x.device.type == "cpu"
+
+
 def cpu_kernel(fn):
     """A numba CPU kernel: compiled on first call for the argument types it gets, and cached
     on disk (numba's cache) so later processes load it instead of compiling again. Without
