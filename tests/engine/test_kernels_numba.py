@@ -193,7 +193,7 @@ def test_router_numba_equals_torch(monkeypatch, func, hashed, rows, experts, k):
 def test_model_load_compiles_every_kernel_for_the_types_steps_use():
     """load_model compiles the numba kernels (so the first request does not), for exactly the
     argument types a prefill and a decode step pass: the steps add no compilation."""
-    from deepring.kernels import attention_decode, greedy, hyper, moe, rmsnorm, rope
+    from deepring.kernels import attention_decode, greedy, hyper, indexer, moe, rmsnorm, rope
     from deepring.model.batch import ForwardBatch, SeqChunk
     from deepring.model.loader import load_model
     from v4_helpers import model_config, pool_for, step
@@ -208,6 +208,7 @@ def test_model_load_compiles_every_kernel_for_the_types_steps_use():
         greedy._quantize_kernel,
         moe._moe_rows_kernel,
         attention_decode._decode_plan_kernel,
+        indexer._decode_select_kernel,
     ]
     model = load_model(model_config("swa-csa-hca"), load_format="dummy", device="cpu").model
     compiled = [len(k.signatures) for k in kernels]
@@ -347,3 +348,37 @@ def test_decode_plan_numba_equals_torch(monkeypatch, kv_in_ring, dense, slots):
     else:
         assert torch.equal(got.ring_rows, want.ring_rows)
     assert got.kv_in_ring == want.kv_in_ring
+
+
+@pytest.mark.parametrize("topk", [3, 8, 64])
+def test_decode_indexer_topk_numba_equals_torch(monkeypatch, topk):
+    """One decode row per request: the numba head sum + top-k equal the reference's scores and
+    select_topk, with rows of fewer causal entries than topk, scattered block tables, and exact
+    ties (zero keys, and every score of a row zero)."""
+    from deepring.kernels import indexer
+    from deepring.kernels.attention_prefill import SeqLayout
+
+    g = torch.Generator().manual_seed(11)
+    epb, di, hi, ratio = 4, 8, 3, 4
+    positions = [2, 9, 40, 63, 150]
+    tables = torch.zeros(5, 10, dtype=torch.long)
+    tables[:4, :4] = torch.tensor([[3, 1, 7, 0], [5, 2, 0, 6], [4, 8, 9, 10], [11, 12, 13, 14]])
+    tables[4] = torch.arange(20, 30)  # 37 entries, every key zero: 37 tied scores
+    cache = torch.randn(30, epb, di, generator=g)
+    cache[20:] = 0.0
+    cache[12, 1] = cache[11, 2]  # two entries of request 3 with the same key: a tie
+    cache[13, 0] = 0.0  # a zero key: score 0, tied with the entries relu zeroes
+    q = torch.randn(5, hi, di, generator=g)
+    w = torch.randn(5, hi, generator=g)
+    lay = SeqLayout(
+        offsets=list(range(5)), lens=[1] * 5, starts=positions, slots=torch.arange(5),
+        block_tables=tables, token_seq=torch.arange(5), positions=torch.tensor(positions),
+        starts_t=torch.tensor(positions), offsets_t=torch.arange(5),
+    )  # fmt: skip
+    with _kernels(monkeypatch, "torch"):
+        want = indexer.indexer_topk(q, w, cache, lay, ratio, topk, 0.7)
+    with _kernels(monkeypatch, "auto"):
+        got = indexer.indexer_topk(q, w, cache, lay, ratio, topk, 0.7)
+    assert got.shape == want.shape
+    assert torch.equal(got, want)
+    assert (got[0, (positions[0] + 1) // ratio :] == -1).all()

@@ -10,9 +10,11 @@ from __future__ import annotations
 import torch
 
 from deepring.kernels.attention_decode import decode_plan
+from deepring.kernels.attention_prefill import SeqLayout
 from deepring.kernels.dispatch import use_numba
 from deepring.kernels.greedy import quantize_rows_numba, settle_numba
 from deepring.kernels.hyper import hc_merge_numba, hc_pre_numba
+from deepring.kernels.indexer import decode_topk_numba
 from deepring.kernels.moe import MoEPacked, moe_rows_numba, route_numba
 from deepring.kernels.rmsnorm import rms_norm_numba
 from deepring.kernels.rope import norm_rope
@@ -49,3 +51,5 @@ def warm_up_cpu_kernels() -> None:
     )
     one = torch.zeros(1, dtype=torch.long)
     decode_plan(one, one, torch.zeros(1, 1, dtype=torch.long), 4, 2, (4, 4), True)
+    lay = SeqLayout([0], [1], [3], one, one[:, None], one, one + 3, one, one)
+    decode_topk_numba(x, x[:, :, 0], torch.zeros(1, 4, 4), lay, 4, 1, 1.0)

@@ -8,10 +8,11 @@ batch composition: selection is a stable descending sort, not torch.topk.
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from deepring.kernels.attention_prefill import SeqLayout
-from deepring.kernels.dispatch import HAVE_TRITON, next_pow2, use_triton
+from deepring.kernels.dispatch import HAVE_TRITON, cpu_kernel, next_pow2, use_numba, use_triton
 from deepring.kernels.gather import paged_rows, take_entries
 
 
@@ -73,6 +74,97 @@ def select_topk(scores: torch.Tensor, topk: int) -> torch.Tensor:
     vals, idx = torch.sort(scores, dim=-1, descending=True, stable=True)
     vals, idx = vals[:, :k], idx[:, :k]
     return torch.where(vals == float("-inf"), torch.full_like(idx, -1), idx)
+
+
+@cpu_kernel
+def _decode_select_kernel(s, w, positions, ratio, topk, idx):
+    """For decode rows: score[e] = sum_h w[b, h] * relu(s[b, h, e]) over the causal entries,
+    then select_topk's picks (descending, ties to the lower entry, -1 past the causal ones)."""
+    b_rows, heads, n_max = s.shape
+    k = idx.shape[1]
+    score = np.empty(n_max, np.float32)
+    buf = np.empty(n_max, np.float32)
+    sel = np.empty(max(k, 1), np.int64)
+    for b in range(b_rows):
+        n = min((positions[b] + 1) // ratio, n_max)
+        for e in range(n):
+            score[e] = 0.0
+        for h in range(heads):
+            wh = w[b, h]
+            for e in range(n):
+                score[e] += wh * max(s[b, h, e], np.float32(0.0))
+        kk = min(k, n)
+        m = 0
+        if kk > 0:
+            # Quickselect: afterwards buf[kk - 1] holds the kk-th largest score.
+            for e in range(n):
+                buf[e] = score[e]
+            lo, hi = 0, n - 1
+            while lo < hi:
+                pivot = buf[(lo + hi) // 2]
+                i, j = lo, hi
+                while i <= j:
+                    while buf[i] > pivot:
+                        i += 1
+                    while buf[j] < pivot:
+                        j -= 1
+                    if i <= j:
+                        buf[i], buf[j] = buf[j], buf[i]
+                        i += 1
+                        j -= 1
+                if kk - 1 <= j:
+                    hi = j
+                elif kk - 1 >= i:
+                    lo = i
+                else:
+                    break
+            v = buf[kk - 1]
+            ties = kk
+            for e in range(n):
+                if score[e] > v:
+                    ties -= 1
+            for e in range(n):  # in entry order, so the sort below is stable
+                if m < kk and (score[e] > v or (score[e] == v and ties > 0)):
+                    if score[e] == v:
+                        ties -= 1
+                    sel[m] = e
+                    m += 1
+            for a in range(1, m):  # stable insertion sort, descending
+                cur = sel[a]
+                c = score[cur]
+                j = a - 1
+                while j >= 0 and score[sel[j]] < c:
+                    sel[j + 1] = sel[j]
+                    j -= 1
+                sel[j + 1] = cur
+        for a in range(k):
+            idx[b, a] = sel[a] if a < m else -1
+
+
+def decode_topk_numba(
+    q: torch.Tensor,
+    weights: torch.Tensor,
+    index_cache: torch.Tensor,
+    layout: SeqLayout,
+    ratio: int,
+    topk: int,
+    scale: float,
+) -> torch.Tensor:
+    """indexer_topk for a decode step (one row per request) on fp32 CPU tensors: the query-key
+    products by one torch GEMM, the head sum, causal limit and top-k in one kernel (instead of
+    about a dozen ops around a sort)."""
+    b = q.shape[0]
+    n_max = _n_entries(layout, ratio)
+    idx = torch.empty(b, min(topk, n_max), dtype=torch.long)
+    if b == 0 or n_max == 0:
+        return idx
+    e = torch.arange(n_max)
+    keys = take_entries(index_cache, paged_rows(layout.block_tables, e, index_cache.shape[1]))
+    s = torch.bmm(q.float(), keys.float().transpose(1, 2))  # [B, HI, N]
+    w = (weights.float() * scale).contiguous()
+    _decode_select_kernel(s.numpy(), w.numpy(), layout.positions.contiguous().numpy(), ratio,
+                          topk, idx.numpy())  # fmt: skip
+    return idx
 
 
 if HAVE_TRITON:
@@ -156,6 +248,8 @@ def indexer_topk(
         return select_topk(
             indexer_scores_triton(q, weights, index_cache, layout, ratio, scale), topk
         )
+    if len(layout.lens) == q.shape[0] and use_numba(q):  # a decode step
+        return decode_topk_numba(q, weights, index_cache, layout, ratio, topk, scale)
     scores = indexer_scores_torch(q, weights, index_cache, layout, ratio, scale)
     return _picks_of_chunks(scores, topk, layout, ratio)
 
