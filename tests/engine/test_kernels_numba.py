@@ -209,6 +209,7 @@ def test_model_load_compiles_every_kernel_for_the_types_steps_use():
         moe._moe_rows_kernel,
         attention_decode._decode_plan_kernel,
         indexer._decode_select_kernel,
+        rope._rope_in_place_kernel,
     ]
     model = load_model(model_config("swa-csa-hca"), load_format="dummy", device="cpu").model
     compiled = [len(k.signatures) for k in kernels]
@@ -238,6 +239,26 @@ def test_norm_rope_numba_equals_torch(monkeypatch, shape, weighted):
             out[backend] = norm_rope(x.clone(), w, 1e-6, cis.real, cis.imag)
     assert out["numba"].shape == x.shape
     torch.testing.assert_close(out["numba"], out["torch"], atol=1e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize("shape", [(5, 3, 16), (9, 12), (1, 2, 8)])
+@pytest.mark.parametrize("inverse", [False, True])
+def test_rope_in_place_numba_equals_torch(monkeypatch, shape, inverse):
+    from deepring.kernels.rope import apply_rope
+
+    g = torch.Generator().manual_seed(shape[-1] + inverse)
+    x = torch.randn(*shape, generator=g)
+    angles = torch.rand(shape[0], 2, generator=g) * 6
+    cis = torch.polar(torch.ones_like(angles), angles)
+    out = {}
+    for backend in ("numba", "torch"):
+        with _kernels(monkeypatch, backend):
+            y = x.clone()
+            out[backend] = apply_rope(y, cis.real, cis.imag, inverse, inplace=True)
+            assert out[backend].data_ptr() == y.data_ptr()  # rotated where it lies
+    torch.testing.assert_close(out["numba"], out["torch"], atol=1e-6, rtol=1e-5)
+    assert not torch.equal(out["numba"][..., -4:], x[..., -4:])
+    torch.testing.assert_close(out["numba"][..., :-4], x[..., :-4], atol=0, rtol=0)
 
 
 @pytest.mark.parametrize("rows", [1, 5, 32])

@@ -17,7 +17,7 @@ from deepring.kernels.hyper import hc_merge_numba, hc_pre_numba
 from deepring.kernels.indexer import decode_topk_numba
 from deepring.kernels.moe import MoEPacked, moe_rows_numba, route_numba
 from deepring.kernels.rmsnorm import rms_norm_numba
-from deepring.kernels.rope import norm_rope
+from deepring.kernels.rope import apply_rope, norm_rope
 
 
 def warm_up_cpu_kernels() -> None:
@@ -40,6 +40,7 @@ def warm_up_cpu_kernels() -> None:
     cis = torch.ones(2, 2, dtype=torch.complex64)
     norm_rope(x2, torch.ones(4), 1e-6, cis.real, cis.imag)
     norm_rope(x2, None, 1e-6, cis.real, cis.imag)
+    apply_rope(x2, cis.real, cis.imag, inplace=True)
     settle_numba(torch.zeros(1, 4, dtype=torch.bfloat16), torch.zeros(1), x[0], torch.zeros(4, 4))
     quantize_rows_numba(x[0], 1.0, 1.0)
     w4 = torch.zeros(4, 4)

@@ -171,6 +171,28 @@ def apply_rope(
     x.dim()) if the caller has it. The result is the same either way."""
     if use_triton(x):
         return apply_rope_triton(x, cos, sin, inverse)
+    if inplace and use_numba(x, NUMBA_ROWS) and x.is_contiguous() and cos.dtype == torch.float32:
+        t, d = x.shape[0], x.shape[-1]
+        _rope_in_place_kernel(x.view(t, -1, d).numpy(), cos.numpy(), sin.numpy(), inverse)
+        return x
     if inplace and (done := _rotate_in_place(x, cos, sin, inverse, cis)) is not None:
         return done
     return apply_rope_torch(x, cos, sin, inverse)
+
+
+@cpu_kernel
+def _rope_in_place_kernel(x, cos, sin, inverse):
+    """Rotate the trailing channel pairs of x [T, H, D] by exp(+-i angle), in place."""
+    t_rows, heads, d = x.shape
+    half = cos.shape[1]
+    nope = d - 2 * half
+    sign = np.float32(-1.0) if inverse else np.float32(1.0)
+    for t in range(t_rows):
+        for h in range(heads):
+            for p in range(half):
+                a = x[t, h, nope + 2 * p]
+                b = x[t, h, nope + 2 * p + 1]
+                c = cos[t, p]
+                s = sign * sin[t, p]
+                x[t, h, nope + 2 * p] = a * c - b * s
+                x[t, h, nope + 2 * p + 1] = b * c + a * s
