@@ -54,20 +54,28 @@ def broadcast_cis(cis: torch.Tensor, dim: int) -> torch.Tensor:
 
 
 @cpu_kernel
+def _rotate_pairs(v, cos, sin, sign):
+    """(a + ib)(cos + i sign sin), in place, on the trailing channel pairs of one head row v."""
+    half = cos.shape[0]
+    nope = v.shape[0] - 2 * half
+    for p in range(half):
+        a = v[nope + 2 * p]
+        b = v[nope + 2 * p + 1]
+        c = cos[p]
+        s = sign * sin[p]
+        v[nope + 2 * p] = a * c - b * s
+        v[nope + 2 * p + 1] = b * c + a * s
+
+
+@cpu_kernel
 def _norm_rope_kernel(x, weight, has_weight, eps, cos, sin, out):
     t_rows, heads, d = x.shape
-    half = cos.shape[1]
-    nope = d - 2 * half
     for t in range(t_rows):
         for h in range(heads):
             inv = inv_rms(x[t, h], eps)
             for i in range(d):
                 out[t, h, i] = x[t, h, i] * inv * (weight[i] if has_weight else np.float32(1.0))
-            for p in range(half):  # (a + ib)(cos + i sin) on the trailing channel pairs
-                a = out[t, h, nope + 2 * p]
-                b = out[t, h, nope + 2 * p + 1]
-                out[t, h, nope + 2 * p] = a * cos[t, p] - b * sin[t, p]
-                out[t, h, nope + 2 * p + 1] = b * cos[t, p] + a * sin[t, p]
+            _rotate_pairs(out[t, h], cos[t], sin[t], np.float32(1.0))
 
 
 def norm_rope(
@@ -183,16 +191,7 @@ def apply_rope(
 @cpu_kernel
 def _rope_in_place_kernel(x, cos, sin, inverse):
     """Rotate the trailing channel pairs of x [T, H, D] by exp(+-i angle), in place."""
-    t_rows, heads, d = x.shape
-    half = cos.shape[1]
-    nope = d - 2 * half
     sign = np.float32(-1.0) if inverse else np.float32(1.0)
-    for t in range(t_rows):
-        for h in range(heads):
-            for p in range(half):
-                a = x[t, h, nope + 2 * p]
-                b = x[t, h, nope + 2 * p + 1]
-                c = cos[t, p]
-                s = sign * sin[t, p]
-                x[t, h, nope + 2 * p] = a * c - b * s
-                x[t, h, nope + 2 * p + 1] = b * c + a * s
+    for t in range(x.shape[0]):
+        for h in range(x.shape[1]):
+            _rotate_pairs(x[t, h], cos[t], sin[t], sign)
