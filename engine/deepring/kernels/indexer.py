@@ -22,6 +22,15 @@ def _n_entries(layout: SeqLayout, ratio: int) -> int:
     )
 
 
+def _row_products(
+    qf: torch.Tensor, index_cache: torch.Tensor, tables: torch.Tensor, e: torch.Tensor
+) -> torch.Tensor:
+    """q . k for single-row requests: qf [B, HI, DI] fp32 against entries e of each request's
+    index keys (block tables [B, ...]): [B, HI, N] in one GEMM."""
+    keys = take_entries(index_cache, paged_rows(tables, e, index_cache.shape[1])).float()
+    return torch.bmm(qf, keys.transpose(1, 2))
+
+
 def indexer_scores_torch(
     q: torch.Tensor,
     weights: torch.Tensor,
@@ -43,16 +52,14 @@ def indexer_scores_torch(
     qf, wf = q.float(), (weights.float() * scale)[:, None, :]
     single = [i for i, n in enumerate(layout.lens) if n == 1]
     if len(single) == t:  # a decode step: row i is request i
-        keys = take_entries(index_cache, paged_rows(layout.block_tables, e, epb)).float()
-        s = torch.bmm(qf, keys.transpose(1, 2)).relu_()  # [B, HI, N]
+        s = _row_products(qf, index_cache, layout.block_tables, e).relu_()  # [B, HI, N]
         scores = torch.bmm(wf, s).squeeze(1)
     else:
         scores = torch.full((t, n_max), float("-inf"), device=dev)
     if single and len(single) < t:  # the decode rows of a mixed step, batched
         rows = torch.tensor([layout.offsets[i] for i in single], device=dev)
         tables = layout.block_tables.index_select(0, torch.tensor(single, device=dev))
-        keys = take_entries(index_cache, paged_rows(tables, e, epb)).float()  # [B, N, DI]
-        s = torch.bmm(qf[rows], keys.transpose(1, 2)).relu_()
+        s = _row_products(qf[rows], index_cache, tables, e).relu_()
         scores[rows] = torch.bmm(wf[rows], s).squeeze(1)
     for s_i, (a, n_rows, p0) in enumerate(
         zip(layout.offsets, layout.lens, layout.starts, strict=True)
@@ -158,9 +165,7 @@ def decode_topk_numba(
     idx = torch.empty(b, min(topk, n_max), dtype=torch.long)
     if b == 0 or n_max == 0:
         return idx
-    e = torch.arange(n_max)
-    keys = take_entries(index_cache, paged_rows(layout.block_tables, e, index_cache.shape[1]))
-    s = torch.bmm(q.float(), keys.float().transpose(1, 2))  # [B, HI, N]
+    s = _row_products(q.float(), index_cache, layout.block_tables, torch.arange(n_max))
     w = (weights.float() * scale).contiguous()
     _decode_select_kernel(s.numpy(), w.numpy(), layout.positions.contiguous().numpy(), ratio,
                           topk, idx.numpy())  # fmt: skip
