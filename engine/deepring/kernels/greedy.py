@@ -34,7 +34,7 @@ TILE = 128
 MAX_TILES = 256
 
 
-def _tile_keys(approx: torch.Tensor) -> tuple[torch.Tensor, int, int]:
+def _tile_keys(approx: torch.Tensor) -> torch.Tensor:
     """The largest int16 key of each tile [R, ceil(V / TILE)]."""
     n, vocab = approx.shape
     whole = vocab - vocab % TILE
@@ -110,6 +110,15 @@ def _ceil_key(thr, word, as_f32):
 
 
 @cpu_kernel
+def _reaches(key, by_key, key_thr, thr, word, as_f32):
+    """Whether the bf16 value with bits `key` is >= thr: on the keys when thr > 0 (by_key, with
+    key_thr = _ceil_key(thr)), else on the value."""
+    if by_key:
+        return key >= key_thr
+    return _bf16_value(key, word, as_f32) >= thr
+
+
+@cpu_kernel
 def _settle_kernel(bits, tile_key, a, y, w, max_tiles, u_out, idx):
     """idx[r] = the fp32 argmax of row r, or -1 where the row needs its plain fp32 logits.
     With a positive threshold every comparison runs on the int16 keys (non-negative bf16 values
@@ -136,29 +145,20 @@ def _settle_kernel(bits, tile_key, a, y, w, max_tiles, u_out, idx):
         if not np.isfinite(thr):
             continue
         by_key = thr > 0
-        # A tile of negative values only has key < 0 and stands for 0 (an upper bound).
         key_thr = _ceil_key(thr, word, as_f32) if by_key else 0
+        # A tile of negative values only has key < 0 and stands for 0 (an upper bound).
         reach = 0
         for t in range(groups):
-            if by_key:
-                reach += tile_key[r, t] >= key_thr
-            else:
-                reach += _bf16_value(max(tile_key[r, t], 0), word, as_f32) >= thr
+            reach += _reaches(max(tile_key[r, t], 0), by_key, key_thr, thr, word, as_f32)
         if reach > max_tiles:
             continue
         top = -np.inf
         win = vocab
         for t in range(groups):
-            if by_key:
-                if tile_key[r, t] < key_thr:
-                    continue
-            elif _bf16_value(max(tile_key[r, t], 0), word, as_f32) < thr:
+            if not _reaches(max(tile_key[r, t], 0), by_key, key_thr, thr, word, as_f32):
                 continue
             for j in range(t * TILE, min(t * TILE + TILE, vocab)):
-                if by_key:
-                    if bits[r, j] < key_thr:
-                        continue
-                elif _bf16_value(bits[r, j], word, as_f32) < thr:
+                if not _reaches(bits[r, j], by_key, key_thr, thr, word, as_f32):
                     continue
                 exact = np.float32(0.0)
                 for i in range(k_dim):

@@ -70,6 +70,16 @@ def _row_norm(x: torch.Tensor) -> torch.Tensor:
     return torch.linalg.vector_norm(x, dim=-1)
 
 
+def _weight_norms(w: torch.Tensor, lp: torch.Tensor) -> tuple[float, float, float]:
+    """max_j ||w_j||, max_j ||w'_j|| and max_j ||w_j - w'_j|| for the bound (module docstring);
+    lp: the low-precision stand-in w' in fp32."""
+    return (
+        float(_row_norm(w).max()),
+        float(_row_norm(lp).max()),
+        float(_row_norm(w - lp).max()),
+    )
+
+
 def _packed_gemm(w16: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
     """x -> x @ w16.T. oneDNN reorders a plain weight into its blocked layout on every call,
     which for an LM head costs more than the GEMM (ad-hoc timing on the 2-core dev machine,
@@ -87,10 +97,7 @@ class _Bf16Logits:
 
     def __init__(self, w: torch.Tensor) -> None:
         w16 = w.to(torch.bfloat16)
-        w16f = w16.float()
-        self.w_max = float(_row_norm(w).max())
-        self.lp_max = float(_row_norm(w16f).max())
-        self.res_max = float(_row_norm(w - w16f).max())
+        self.w_max, self.lp_max, self.res_max = _weight_norms(w, w16.float())
         self._gemm = _packed_gemm(w16)
 
     def __call__(self, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
@@ -115,10 +122,7 @@ class _Int8Logits:
         scale = w.abs().amax(-1) / 127
         scale = torch.where(scale > 0, scale, torch.ones_like(scale))  # an all-zero row
         q = torch.round(w / scale[:, None]).clamp_(-127, 127)
-        lp = q * scale[:, None]
-        self.w_max = float(_row_norm(w).max())
-        self.lp_max = float(_row_norm(lp).max())
-        self.res_max = float(_row_norm(w - lp).max())
+        self.w_max, self.lp_max, self.res_max = _weight_norms(w, q * scale[:, None])
         self._scale = scale.contiguous()
         self._zero = torch.zeros(w.shape[0], dtype=torch.long)
         self._packed = torch.ops.onednn.qlinear_prepack(q.to(torch.int8), None)
