@@ -1,8 +1,8 @@
 """Compile the numba CPU kernels when a model loads, not in its first request.
 
-numba compiles a kernel on its first call (about 3 s for all of them on the 2-core dev machine)
-or loads it from its disk cache (about 0.3 s). Each kernel is called here once on tiny inputs of
-the argument types a model step passes, so that cost lands in model loading.
+numba compiles a kernel on its first call (ad-hoc timing, 2-core dev machine: about 5 s for all
+of them) or loads it from its disk cache (about 0.2 s). Each kernel is called here once on tiny
+inputs of the argument types a model step passes, so that cost lands in model loading.
 """
 
 from __future__ import annotations
