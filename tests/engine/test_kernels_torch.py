@@ -68,13 +68,19 @@ def _prefill_case(lay: SeqLayout, mode: str, seed: int) -> tuple:
     return (q, kv, ring, c, lay, idx, RATIO, sinks, 0.3, WINDOW)
 
 
+# flash: blocks through ATen's fused CPU attention (the sink applied from its log-sum-exp), or
+# through GEMMs + softmax with the sink as one more logit.
+FLASH = [False, True]
+
+
 @pytest.mark.parametrize("mode", ["window", "dense", "topk"])
 @pytest.mark.parametrize("block_q", [1, 3, 128])
-def test_prefill_attention_reference(mode, block_q):
+@pytest.mark.parametrize("flash", FLASH)
+def test_prefill_attention_reference(mode, block_q, flash):
     lay = _layout([13, 0, 5], [9, 11, 1], [2, 0, 1], [[3, 1, 4], [5, 0, 0], [6, 0, 0]])
     args = _prefill_case(lay, mode, seed=0)
     q, kv, ring, c, _, idx, _, sinks, _, _ = args
-    got = attention_prefill.prefill_attention_torch(*args, block_q=block_q)
+    got = attention_prefill.prefill_attention_torch(*args, block_q=block_q, flash=flash)
     torch.testing.assert_close(got, _dense_reference(*args), atol=1e-5, rtol=1e-5)
     if all(n == 1 for n in lay.lens):
         return
@@ -97,13 +103,14 @@ def test_prefill_attention_reference(mode, block_q):
         ([13, 13, 2], [4, 4, 4]),  # equal lengths, two starts: history from the ring
     ],
 )
-def test_prefill_attention_groups_equal_shapes(mode, starts, lens):
+@pytest.mark.parametrize("flash", FLASH)
+def test_prefill_attention_groups_equal_shapes(mode, starts, lens, flash):
     """Requests with the same start and length run as one batched group."""
     lay = _layout(starts, lens, [2, 0, 1], [[3, 1, 4], [5, 2, 7], [6, 0, 0]])
     args = _prefill_case(lay, mode, seed=7)
     want = _dense_reference(*args)
     for block_q in (2, 128):
-        got = attention_prefill.prefill_attention_torch(*args, block_q=block_q)
+        got = attention_prefill.prefill_attention_torch(*args, block_q=block_q, flash=flash)
         torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
 
 

@@ -68,20 +68,62 @@ def _attend_rows(
     return torch.bmm(p.view(s, n_rows * h, -1), k).view(s, n_rows, h, d)
 
 
+def _flash_cpu_op():
+    """ATen's fused CPU attention (flash-style: scores never leave the cache), or None."""
+    try:
+        return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+    except (AttributeError, RuntimeError):
+        return None
+
+
+_FLASH_CPU = _flash_cpu_op()
+
+
+def _attend_rows_flash(
+    q: torch.Tensor, k: torch.Tensor, bias: torch.Tensor, sinks: torch.Tensor, scale: float
+) -> torch.Tensor:
+    """_attend_rows through ATen's fused CPU attention: q [S, L, H, D]; k (= v) [S, N, D];
+    bias [S or 1, L, N] fp32, -inf where a row must not see a key and 0 elsewhere. The fused
+    kernel has no sink, but returns each row's log-sum-exp `lse` of the scores, and a sink
+    logit z scales the sinkless output by e^lse / (e^lse + e^z) = sigmoid(lse - z). A row that
+    sees no key (none does: each sees itself) gets 0, as with the sink alone. Ad-hoc timing on
+    the 2-core dev machine, 8 requests x 64 rows x 4 heads against 320 keys: 1.1 ms against
+    2.7 ms for _attend_rows, which makes four passes over the scores in memory."""
+    s, _, h, d = q.shape
+    kh = k[:, None].expand(s, h, -1, d)  # one shared key head: a stride-0 view, not a copy
+    out, lse = _FLASH_CPU(
+        q.transpose(1, 2), kh, kh, 0.0, False, attn_mask=bias[:, None], scale=scale
+    )  # out [S, H, L, D] (a transposed view of [S, L, H, D]), lse [S, H, L]
+    out.mul_(torch.sigmoid(lse - sinks[None, :, None])[..., None])
+    return out.transpose(1, 2)
+
+
 # Masks depend on a block's shape only, which repeats across blocks, layers and steps; cached
-# (read-only tensors) because building one costs several small ops each time.
+# (read-only tensors) because building one costs several small ops each time. With bias=True
+# they are fp32 additive masks (-inf hidden, 0 seen) for _attend_rows_flash, else bool
+# (True = hidden) for _attend_rows.
+def _as_bias(hidden: torch.Tensor) -> torch.Tensor:
+    return torch.zeros(hidden.shape, device=hidden.device).masked_fill_(hidden, float("-inf"))
+
+
 @functools.lru_cache(maxsize=256)
-def _band_hidden(rows: int, keys: int, base: int, window: int, dev: torch.device) -> torch.Tensor:
-    """[1, rows, keys] bool: not 0 <= base + i - j < window."""
+def _band_hidden(
+    rows: int, keys: int, base: int, window: int, dev: torch.device, bias: bool = False
+) -> torch.Tensor:
+    """[1, rows, keys]: hidden where not 0 <= base + i - j < window."""
     delta = base + torch.arange(rows, device=dev)[:, None] - torch.arange(keys, device=dev)
-    return ((delta < 0) | (delta >= window))[None]
+    hidden = ((delta < 0) | (delta >= window))[None]
+    return _as_bias(hidden) if bias else hidden
 
 
 @functools.lru_cache(maxsize=256)
-def _late_entries(pos0: int, rows: int, n: int, ratio: int, dev: torch.device) -> torch.Tensor:
-    """[1, rows, n] bool: entry e is not complete yet for the row at position pos0 + i."""
+def _late_entries(
+    pos0: int, rows: int, n: int, ratio: int, dev: torch.device, bias: bool = False
+) -> torch.Tensor:
+    """[1, rows, n]: entry e is not complete yet for the row at position pos0 + i."""
     seen = (torch.arange(pos0, pos0 + rows, device=dev) + 1) // ratio
-    return (torch.arange(n, device=dev)[None] >= seen[:, None])[None]
+    hidden = (torch.arange(n, device=dev)[None] >= seen[:, None])[None]
+    return _as_bias(hidden) if bias else hidden
 
 
 @functools.lru_cache(maxsize=64)
@@ -109,10 +151,15 @@ def prefill_attention_torch(
     scale: float,
     window: int,
     block_q: int = 64,
+    flash: bool | None = None,
 ) -> torch.Tensor:
     """Rows are processed in blocks of `block_q` queries, each against only the window keys it
     can see, so work and memory grow with rows x (block_q + window), not rows^2. Requests with
-    the same start and length (a batch of equal prompts) run together as one batched GEMM."""
+    the same start and length (a batch of equal prompts) run together as one batched GEMM.
+    flash: whether blocks run through ATen's fused CPU attention (_attend_rows_flash) rather
+    than GEMMs + softmax (_attend_rows); by default where it exists and q is on the CPU."""
+    if flash is None:
+        flash = _FLASH_CPU is not None and q.device.type == "cpu"
     out = torch.empty_like(q)
     groups: dict[tuple[int, int], list[int]] = {}
     for s, (n_rows, p0) in enumerate(zip(layout.lens, layout.starts, strict=True)):
@@ -139,8 +186,13 @@ def prefill_attention_torch(
             ck = take_entries(comp, rows).float()  # [S, n, D]
             if comp_idx is not None:
                 picks = _rows_of(comp_idx, offsets, n_rows)
-                hide_all = torch.ones(len(seqs), n_rows, n + 1, dtype=torch.bool, device=dev)
-                hide_all.scatter_(2, torch.where(picks >= 0, picks, n), False)
+                shape = (len(seqs), n_rows, n + 1)
+                hide_all = (
+                    torch.full(shape, float("-inf"), device=dev)
+                    if flash
+                    else torch.ones(shape, dtype=torch.bool, device=dev)
+                )
+                hide_all.scatter_(2, torch.where(picks >= 0, picks, n), 0.0 if flash else False)
         qf = _rows_of(q, offsets, n_rows).float()
         res = torch.empty_like(qf)
         zero = keys.new_zeros(len(seqs), 1, keys.shape[-1])  # the sink's key (see _attend_rows)
@@ -149,15 +201,20 @@ def prefill_attention_torch(
             k_lo = max(0, nh + b0 - (window - 1))  # first window key any row of the block sees
             k = [keys[:, k_lo : nh + b1]]
             # Row i sees window key j when 0 <= (b0 + nh - k_lo) + i - j < window.
-            hidden = [_band_hidden(b1 - b0, k[0].shape[1], b0 + nh - k_lo, window, dev)]
+            hidden = [_band_hidden(b1 - b0, k[0].shape[1], b0 + nh - k_lo, window, dev, flash)]
             if ck is not None:
                 nb = (p0 + b1) // comp_ratio  # entries any row of the block may see
                 if hide_all is not None:
                     hidden.append(hide_all[:, b0:b1, :nb])
                     hidden[0] = hidden[0].expand(len(seqs), -1, -1)
                 else:
-                    hidden.append(_late_entries(p0 + b0, b1 - b0, nb, comp_ratio, dev))
+                    hidden.append(_late_entries(p0 + b0, b1 - b0, nb, comp_ratio, dev, flash))
                 k.append(ck[:, :nb])
+            if flash:
+                res[:, b0:b1] = _attend_rows_flash(
+                    qf[:, b0:b1], torch.cat(k, 1), torch.cat(hidden, 2), sinks, scale
+                )
+                continue
             sink = _sink_column(b1 - b0, dev).expand(hidden[0].shape[0], -1, -1)
             res[:, b0:b1] = _attend_rows(
                 qf[:, b0:b1], torch.cat([*k, zero], 1), torch.cat([*hidden, sink], 2), sinks, scale
