@@ -25,3 +25,48 @@ def deepring_cache_dir(tmp_path_factory):
     mp.setenv("DEEPRING_CACHE_DIR", str(d))
     yield d
     mp.undo()
+
+
+ROW_PARALLEL_MODULES = ("greedy", "hyper", "indexer", "moe", "rmsnorm", "rope")
+
+
+@pytest.fixture
+def row_splits_checked(monkeypatch):
+    """Every kernels.dispatch.run_rows call made in the test also runs the kernel's row-parallel
+    variant on copies of its arguments, the rows cut into 2, 3 and more ranges than rows (empty
+    ranges), on two threads where numba has them, and checks that each writes exactly what the
+    serial kernel writes. (The engine tests keep torch, and so run_rows, on one thread: without
+    this the parallel variants would not run here.) Returns the list of checked kernels."""
+    import importlib
+
+    import numba
+    import numpy as np
+    from deepring.kernels import dispatch
+
+    real = dispatch.run_rows
+    checked = []
+
+    def checking(serial, parallel, min_rows, *args):
+        def copies():
+            return [np.copy(a) if isinstance(a, np.ndarray) else a for a in args]
+
+        want = copies()
+        serial(*want)
+        threads = numba.get_num_threads()
+        numba.set_num_threads(min(2, numba.config.NUMBA_NUM_THREADS))
+        try:
+            for parts in (2, 3, args[0].shape[0] + 1):
+                got = copies()
+                parallel(*got, parts)
+                for a, b in zip(got, want, strict=True):
+                    if isinstance(a, np.ndarray):
+                        np.testing.assert_array_equal(a, b, err_msg=parallel.__name__)
+        finally:
+            numba.set_num_threads(threads)
+        checked.append(parallel.__name__)
+        real(serial, parallel, min_rows, *args)
+
+    for name in ROW_PARALLEL_MODULES:
+        module = importlib.import_module(f"deepring.kernels.{name}")
+        monkeypatch.setattr(module, "run_rows", checking)
+    return checked

@@ -14,6 +14,10 @@ with torch (oneDNN / MKL).
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
+
+import numpy as np
 import torch
 
 from deepring import env
@@ -31,6 +35,9 @@ try:
     HAVE_NUMBA = True
 except ImportError:  # an optional speed-up: the torch reference runs without it
     HAVE_NUMBA = False
+
+# The loop of a row-parallel kernel (cpu_parallel_kernel); a plain range without numba.
+prange = numba.prange if HAVE_NUMBA else range
 
 # Reassociation lets numba vectorise reductions; no "nnan"/"ninf": masks use -inf.
 _FASTMATH = {"reassoc", "contract", "arcp", "nsz"}
@@ -88,6 +95,62 @@ def cpu_kernel(fn):
     if not HAVE_NUMBA:
         return fn
     return numba.njit(cache=True, fastmath=_FASTMATH, nogil=True, error_model="numpy")(fn)
+
+
+def cpu_parallel_kernel(fn):
+    """A numba kernel whose `prange` loop is shared out among threads (numba's parallel=True):
+    the row-parallel wrappers that run_rows calls with the rows cut into `parts` ranges."""
+    if not HAVE_NUMBA:
+        return fn
+    return numba.njit(
+        cache=True, fastmath=_FASTMATH, nogil=True, error_model="numpy", parallel=True
+    )(fn)
+
+
+@cpu_parallel_kernel
+def _probe(x):
+    for i in prange(x.shape[0]):
+        x[i] = i
+
+
+@functools.cache
+def parallel_threads() -> int:
+    """How many threads the row-parallel kernels use: numba's, when its threading layer is
+    OpenMP; else 1, and run_rows calls the serial kernels. Starting a parallel loop on OpenMP's
+    waiting threads costs about a microsecond; numba's fallback layer (workqueue, where no
+    OpenMP runtime is installed) took about 50 us (ad-hoc, 2-core dev machine), more than the
+    kernels split here take, and may not be entered from two threads at once."""
+    if not HAVE_NUMBA:
+        return 1
+    if numba.config.THREADING_LAYER == "default":  # numba's own order tries TBB first
+        numba.config.THREADING_LAYER_PRIORITY = ["omp", "tbb", "workqueue"]
+    try:
+        _probe(np.zeros(2))
+    except (ValueError, RuntimeError, OSError, ImportError):  # no threading layer loads
+        return 1
+    if numba.threading_layer() != "omp":
+        return 1
+    # No more threads than torch uses: the machine may be shared on purpose.
+    threads = min(numba.config.NUMBA_NUM_THREADS, torch.get_num_threads())
+    numba.set_num_threads(threads)
+    return threads
+
+
+def serial_rows_limit(rows: int) -> int | None:
+    """A use_numba row limit that only holds for serial kernels (beyond it torch's threads
+    win): None, no limit, where the kernel's rows are shared out among threads (run_rows)."""
+    return None if parallel_threads() > 1 else rows
+
+
+def run_rows(serial: Callable, parallel: Callable, min_rows: int, *args) -> None:
+    """serial(*args), a kernel whose rows (the first axis of args[0]) are independent, or
+    parallel(*args, parts) with the rows cut into `parts` ranges, one per thread, each of at
+    least min_rows rows (below that, starting threads costs more than it saves)."""
+    parts = min(parallel_threads(), torch.get_num_threads(), args[0].shape[0] // min_rows)
+    if parts > 1:
+        parallel(*args, parts)
+    else:
+        serial(*args)
 
 
 def weight_array(w: torch.Tensor):

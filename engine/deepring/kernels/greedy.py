@@ -23,7 +23,14 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from deepring.kernels.dispatch import cpu_kernel, use_numba, weight_array
+from deepring.kernels.dispatch import (
+    cpu_kernel,
+    cpu_parallel_kernel,
+    prange,
+    run_rows,
+    use_numba,
+    weight_array,
+)
 
 U_OUT = 2.0**-8 / (1 - 2.0**-8)  # bf16 output rounding, relative to the rounded value
 # Tokens per tile: few enough that a tile reaching the threshold holds few tokens to check, and
@@ -32,6 +39,8 @@ U_OUT = 2.0**-8 / (1 - 2.0**-8)  # bf16 output rounding, relative to the rounded
 # are a few cache lines, where tiles strided across the vocabulary cost a cache miss per token.
 TILE = 128
 MAX_TILES = 256
+# Rows per thread below which settling does not split its rows (dispatch.run_rows).
+_ROWS_PER_THREAD = 4
 
 
 def _tile_keys(approx: torch.Tensor) -> torch.Tensor:
@@ -170,16 +179,26 @@ def _settle_kernel(bits, tile_key, a, y, w, max_tiles, u_out, idx):
             idx[r] = win
 
 
+@cpu_parallel_kernel
+def _settle_rows(bits, tile_key, a, y, w, max_tiles, u_out, idx, parts):
+    """_settle_kernel on `parts` ranges of rows, in parallel."""
+    n = bits.shape[0]
+    for c in prange(parts):
+        lo, hi = c * n // parts, (c + 1) * n // parts
+        _settle_kernel(bits[lo:hi], tile_key[lo:hi], a[lo:hi], y[lo:hi], w, max_tiles, u_out,
+                       idx[lo:hi])  # fmt: skip
+
+
 def settle_numba(
     approx: torch.Tensor, a: torch.Tensor, y: torch.Tensor, w: torch.Tensor
 ) -> torch.Tensor:
     """settle_torch with everything after the max pass in one kernel call."""
     tile_key = _tile_keys(approx)
     idx = torch.empty(approx.shape[0], dtype=torch.long)
-    _settle_kernel(
-        approx.view(torch.int16).numpy(), tile_key.contiguous().numpy(),
-        a.float().contiguous().numpy(), y.contiguous().numpy(), weight_array(w),
-        MAX_TILES, U_OUT, idx.numpy(),
+    run_rows(
+        _settle_kernel, _settle_rows, _ROWS_PER_THREAD, approx.view(torch.int16).numpy(),
+        tile_key.contiguous().numpy(), a.float().contiguous().numpy(), y.contiguous().numpy(),
+        weight_array(w), MAX_TILES, U_OUT, idx.numpy(),
     )  # fmt: skip
     _plain_rows(y, w, idx, idx < 0)
     return idx

@@ -14,15 +14,27 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from deepring.kernels.dispatch import cpu_kernel, use_numba, weight_array
+from deepring.kernels.dispatch import (
+    cpu_kernel,
+    cpu_parallel_kernel,
+    prange,
+    run_rows,
+    serial_rows_limit,
+    use_numba,
+    weight_array,
+)
 from deepring.kernels.rmsnorm import inv_rms
 
 # Up to this many rows, one fused norm beats normalising after the projection.
 _FEW_ROWS = 64
-# Up to this many rows the numba merge beats torch's (ad-hoc timing, 2 cores: 13 against 19 us
-# at 32 rows, 54 against 34 us at 256). The numba mixes win at any size (34 against 367 us at
-# 32 rows, 2.3 against 3.5 ms at 4096).
+# Up to this many rows the serial numba merge beats torch's (ad-hoc timing, 2 cores: 13 against
+# 19 us at 32 rows, 54 against 34 us at 256); with its rows shared out among threads, at any
+# size. The numba mixes win at any size (34 against 367 us at 32 rows, 2.3 against 3.5 ms at
+# 4096).
 _MERGE_NUMBA_ROWS = 64
+# Rows per thread below which the numba kernels do not split their rows (dispatch.run_rows).
+_PRE_ROWS_PER_THREAD = 16
+_MERGE_ROWS_PER_THREAD = 16
 
 
 def rms_mix(h: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -150,6 +162,16 @@ def _hc_pre_kernel(h, mix, base, scale, iters, hc_eps, norm_eps, post, comb_t, x
                 x[t, i] += p * h[t, j, i]
 
 
+@cpu_parallel_kernel
+def _hc_pre_rows(h, mix, base, scale, iters, hc_eps, norm_eps, post, comb_t, x, parts):
+    """_hc_pre_kernel on `parts` ranges of rows, in parallel."""
+    n = h.shape[0]
+    for c in prange(parts):
+        a, b = c * n // parts, (c + 1) * n // parts
+        _hc_pre_kernel(h[a:b], mix[a:b], base, scale, iters, hc_eps, norm_eps, post[a:b],
+                       comb_t[a:b], x[a:b])  # fmt: skip
+
+
 def hc_pre_numba(
     h: torch.Tensor,
     fn: torch.Tensor,
@@ -166,9 +188,10 @@ def hc_pre_numba(
     post = h.new_empty(t, hc)
     comb_t = h.new_empty(t, hc, hc)
     x = h.new_empty(t, d)
-    _hc_pre_kernel(
-        h.numpy(), mix.numpy(), weight_array(base), weight_array(scale), iters,
-        hc_eps, norm_eps, post.numpy(), comb_t.numpy(), x.numpy(),
+    run_rows(
+        _hc_pre_kernel, _hc_pre_rows, _PRE_ROWS_PER_THREAD, h.numpy(), mix.numpy(),
+        weight_array(base), weight_array(scale), iters, hc_eps, norm_eps, post.numpy(),
+        comb_t.numpy(), x.numpy(),
     )  # fmt: skip
     return post, comb_t, x
 
@@ -210,12 +233,22 @@ def _hc_merge_kernel(h, out, post, comb_t, new):
                     new[t, k, i] += c * h[t, j, i]
 
 
+@cpu_parallel_kernel
+def _hc_merge_rows(h, out, post, comb_t, new, parts):
+    """_hc_merge_kernel on `parts` ranges of rows, in parallel."""
+    n = h.shape[0]
+    for c in prange(parts):
+        a, b = c * n // parts, (c + 1) * n // parts
+        _hc_merge_kernel(h[a:b], out[a:b], post[a:b], comb_t[a:b], new[a:b])
+
+
 def hc_merge_numba(
     h: torch.Tensor, out: torch.Tensor, post: torch.Tensor, comb_t: torch.Tensor
 ) -> torch.Tensor:
     h, out, post, comb_t = (a.contiguous() for a in (h, out, post, comb_t))
     new = torch.empty_like(h)
-    _hc_merge_kernel(h.numpy(), out.numpy(), post.numpy(), comb_t.numpy(), new.numpy())
+    run_rows(_hc_merge_kernel, _hc_merge_rows, _MERGE_ROWS_PER_THREAD, h.numpy(), out.numpy(),
+             post.numpy(), comb_t.numpy(), new.numpy())  # fmt: skip
     return new
 
 
@@ -223,6 +256,6 @@ def hc_merge(
     h: torch.Tensor, out: torch.Tensor, post: torch.Tensor, comb_t: torch.Tensor
 ) -> torch.Tensor:
     same = out.dtype == post.dtype == comb_t.dtype
-    fast = use_numba(h, _MERGE_NUMBA_ROWS) and same and not out.requires_grad
+    fast = use_numba(h, serial_rows_limit(_MERGE_NUMBA_ROWS)) and same and not out.requires_grad
     impl = hc_merge_numba if fast else hc_merge_torch
     return impl(h, out, post, comb_t)

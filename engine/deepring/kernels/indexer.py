@@ -12,8 +12,20 @@ import numpy as np
 import torch
 
 from deepring.kernels.attention_prefill import SeqLayout
-from deepring.kernels.dispatch import HAVE_TRITON, cpu_kernel, next_pow2, use_numba, use_triton
+from deepring.kernels.dispatch import (
+    HAVE_TRITON,
+    cpu_kernel,
+    cpu_parallel_kernel,
+    next_pow2,
+    prange,
+    run_rows,
+    use_numba,
+    use_triton,
+)
 from deepring.kernels.gather import paged_rows, take_entries
+
+# Rows per thread below which the decode top-k does not split its rows (dispatch.run_rows).
+_ROWS_PER_THREAD = 4
 
 
 def _n_entries(layout: SeqLayout, ratio: int) -> int:
@@ -148,6 +160,15 @@ def _decode_select_kernel(s, w, positions, ratio, topk, idx):
             idx[b, a] = sel[a] if a < m else -1
 
 
+@cpu_parallel_kernel
+def _decode_select_rows(s, w, positions, ratio, topk, idx, parts):
+    """_decode_select_kernel on `parts` ranges of rows, in parallel."""
+    n = s.shape[0]
+    for c in prange(parts):
+        a, b = c * n // parts, (c + 1) * n // parts
+        _decode_select_kernel(s[a:b], w[a:b], positions[a:b], ratio, topk, idx[a:b])
+
+
 def decode_topk_numba(
     q: torch.Tensor,
     weights: torch.Tensor,
@@ -167,8 +188,8 @@ def decode_topk_numba(
         return idx
     s = _row_products(q.float(), index_cache, layout.block_tables, torch.arange(n_max))
     w = (weights.float() * scale).contiguous()
-    _decode_select_kernel(s.numpy(), w.numpy(), layout.positions.contiguous().numpy(), ratio,
-                          topk, idx.numpy())  # fmt: skip
+    run_rows(_decode_select_kernel, _decode_select_rows, _ROWS_PER_THREAD, s.numpy(), w.numpy(),
+             layout.positions.contiguous().numpy(), ratio, topk, idx.numpy())  # fmt: skip
     return idx
 
 

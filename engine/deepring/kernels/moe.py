@@ -12,7 +12,15 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from deepring.kernels.dispatch import HAVE_TRITON, cpu_kernel, use_triton, weight_array
+from deepring.kernels.dispatch import (
+    HAVE_TRITON,
+    cpu_kernel,
+    cpu_parallel_kernel,
+    prange,
+    run_rows,
+    use_triton,
+    weight_array,
+)
 
 
 @cpu_kernel
@@ -91,6 +99,8 @@ def route_numba(
 # Up to this many rows the numba MoE (moe_rows_numba) runs instead of the torch path, and only
 # for layers whose expert weights are small (it keeps a copy of the gate / up projections).
 MOE_NUMBA_ROWS = 64
+# Rows per thread below which the rows kernel does not split its rows (dispatch.run_rows).
+_ROWS_PER_THREAD = 4
 MOE_NUMBA_MAX_BYTES = 64 << 20
 
 
@@ -129,6 +139,21 @@ def _moe_rows_kernel(h, idx, wts, down, shared_down, limit, out):
             _down_into(h[t], e * 2 * inter, inter, lim, wts[t, r], down[e], act, out[t])
 
 
+@cpu_parallel_kernel
+def _moe_rows_parallel(h, idx, wts, down, shared_down, limit, out, parts):
+    """_moe_rows_kernel on `parts` ranges of rows, in parallel. The expert ids are checked
+    first: an exception is not raised out of a parallel loop."""
+    n_experts = down.shape[0]
+    for t in range(idx.shape[0]):
+        for r in range(idx.shape[1]):
+            if idx[t, r] < 0 or idx[t, r] >= n_experts:
+                raise IndexError("moe: an expert id is out of range")
+    n = h.shape[0]
+    for c in prange(parts):
+        a, b = c * n // parts, (c + 1) * n // parts
+        _moe_rows_kernel(h[a:b], idx[a:b], wts[a:b], down, shared_down, limit, out[a:b])
+
+
 def moe_rows_numba(
     h: torch.Tensor, idx: torch.Tensor, weights: torch.Tensor, packed: MoEPacked
 ) -> torch.Tensor:
@@ -141,9 +166,10 @@ def moe_rows_numba(
     if idx.shape != weights.shape or idx.shape[0] != h.shape[0]:
         raise ValueError(f"moe: idx {tuple(idx.shape)} and weights {tuple(weights.shape)} differ")
     out = h.new_empty(h.shape[0], packed.dim)
-    _moe_rows_kernel(
-        h.numpy(), idx.contiguous().numpy(), weights.float().contiguous().numpy(),
-        packed.down, packed.shared_down, packed.limit, out.numpy(),
+    run_rows(
+        _moe_rows_kernel, _moe_rows_parallel, _ROWS_PER_THREAD, h.numpy(),
+        idx.contiguous().numpy(), weights.float().contiguous().numpy(), packed.down,
+        packed.shared_down, packed.limit, out.numpy(),
     )  # fmt: skip
     return out
 

@@ -12,7 +12,11 @@ import torch.nn.functional as F
 from deepring.kernels.dispatch import (
     HAVE_TRITON,
     cpu_kernel,
+    cpu_parallel_kernel,
     next_pow2,
+    prange,
+    run_rows,
+    serial_rows_limit,
     use_numba,
     use_triton,
     weight_array,
@@ -55,20 +59,33 @@ def _rms_norm_numba(x, weight, has_weight, eps, out):
                 out[r, i] = x[r, i] * inv
 
 
+@cpu_parallel_kernel
+def _rms_norm_rows(x, weight, has_weight, eps, out, parts):
+    """_rms_norm_numba on `parts` ranges of rows, in parallel."""
+    n = x.shape[0]
+    for c in prange(parts):
+        a, b = c * n // parts, (c + 1) * n // parts
+        _rms_norm_numba(x[a:b], weight, has_weight, eps, out[a:b])
+
+
 def rms_norm_numba(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
     """rms_norm_torch for fp32 CPU tensors in one kernel call."""
     flat = x.contiguous().view(-1, x.shape[-1])
     out = torch.empty_like(flat)
     w = NO_WEIGHT if weight is None else weight_array(weight)
-    _rms_norm_numba(flat.numpy(), w, weight is not None, eps, out.numpy())
+    run_rows(_rms_norm_numba, _rms_norm_rows, ROWS_PER_THREAD, flat.numpy(), w,
+             weight is not None, eps, out.numpy())  # fmt: skip
     return out.view(x.shape)
 
 
 # Stands in for an absent weight (numba needs an array of one type either way).
 NO_WEIGHT = np.ones(1, np.float32)
-# Up to this many tokens the numba kernel beats torch's (ad-hoc timing on 2 cores: 11 against
-# 20 us for 32 x 128, 43 against 88 us for 1024 x 128; even at 4096 rows).
+# Up to this many tokens the serial numba kernel beats torch's (ad-hoc timing on 2 cores: 11
+# against 20 us for 32 x 128, 43 against 88 us for 1024 x 128); with its rows shared out among
+# threads, at any size.
 NUMBA_ROWS = 1024
+# Rows per thread below which the norm kernels do not split their rows (dispatch.run_rows).
+ROWS_PER_THREAD = 64
 
 
 if HAVE_TRITON:
@@ -116,6 +133,6 @@ def rms_norm_triton(x: torch.Tensor, weight: torch.Tensor | None, eps: float) ->
 def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
     if use_triton(x):
         return rms_norm_triton(x, weight, eps)
-    if use_numba(x, NUMBA_ROWS):
+    if use_numba(x, serial_rows_limit(NUMBA_ROWS)):
         return rms_norm_numba(x, weight, eps)
     return rms_norm_torch(x, weight, eps)

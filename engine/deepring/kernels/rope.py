@@ -12,12 +12,16 @@ import torch
 from deepring.kernels.dispatch import (
     HAVE_TRITON,
     cpu_kernel,
+    cpu_parallel_kernel,
     next_pow2,
+    prange,
+    run_rows,
+    serial_rows_limit,
     use_numba,
     use_triton,
     weight_array,
 )
-from deepring.kernels.rmsnorm import NO_WEIGHT, NUMBA_ROWS, inv_rms, rms_norm
+from deepring.kernels.rmsnorm import NO_WEIGHT, NUMBA_ROWS, ROWS_PER_THREAD, inv_rms, rms_norm
 
 
 def apply_rope_torch(
@@ -78,6 +82,15 @@ def _norm_rope_kernel(x, weight, has_weight, eps, cos, sin, out):
             _rotate_pairs(out[t, h], cos[t], sin[t], np.float32(1.0))
 
 
+@cpu_parallel_kernel
+def _norm_rope_rows(x, weight, has_weight, eps, cos, sin, out, parts):
+    """_norm_rope_kernel on `parts` ranges of rows, in parallel."""
+    n = x.shape[0]
+    for c in prange(parts):
+        a, b = c * n // parts, (c + 1) * n // parts
+        _norm_rope_kernel(x[a:b], weight, has_weight, eps, cos[a:b], sin[a:b], out[a:b])
+
+
 def norm_rope(
     x: torch.Tensor,
     weight: torch.Tensor | None,
@@ -89,14 +102,13 @@ def norm_rope(
     """apply_rope(rms_norm(x, weight, eps), cos, sin) over x [T, ..., D] (a new tensor); `cis`
     as for apply_rope. One numba kernel call on CPU instead of the norm and the rotation's
     four ops."""
-    if use_numba(x, NUMBA_ROWS) and cos.dtype == torch.float32:
+    if use_numba(x, serial_rows_limit(NUMBA_ROWS)) and cos.dtype == torch.float32:
         t, d = x.shape[0], x.shape[-1]
         x3 = x.contiguous().view(t, -1, d)
         out = torch.empty_like(x3)
         w = NO_WEIGHT if weight is None else weight_array(weight)
-        _norm_rope_kernel(
-            x3.numpy(), w, weight is not None, eps, cos.numpy(), sin.numpy(), out.numpy()
-        )
+        run_rows(_norm_rope_kernel, _norm_rope_rows, ROWS_PER_THREAD, x3.numpy(), w,
+                 weight is not None, eps, cos.numpy(), sin.numpy(), out.numpy())  # fmt: skip
         return out.view(x.shape)
     return apply_rope(rms_norm(x, weight, eps), cos, sin, inplace=True, cis=cis)
 
@@ -179,9 +191,11 @@ def apply_rope(
     x.dim()) if the caller has it. The result is the same either way."""
     if use_triton(x):
         return apply_rope_triton(x, cos, sin, inverse)
-    if inplace and use_numba(x, NUMBA_ROWS) and x.is_contiguous() and cos.dtype == torch.float32:
+    fast = use_numba(x, serial_rows_limit(NUMBA_ROWS)) and cos.dtype == torch.float32
+    if inplace and fast and x.is_contiguous():
         t, d = x.shape[0], x.shape[-1]
-        _rope_in_place_kernel(x.view(t, -1, d).numpy(), cos.numpy(), sin.numpy(), inverse)
+        run_rows(_rope_in_place_kernel, _rope_in_place_rows, ROWS_PER_THREAD,
+                 x.view(t, -1, d).numpy(), cos.numpy(), sin.numpy(), inverse)  # fmt: skip
         return x
     if inplace and (done := _rotate_in_place(x, cos, sin, inverse, cis)) is not None:
         return done
@@ -195,3 +209,12 @@ def _rope_in_place_kernel(x, cos, sin, inverse):
     for t in range(x.shape[0]):
         for h in range(x.shape[1]):
             _rotate_pairs(x[t, h], cos[t], sin[t], sign)
+
+
+@cpu_parallel_kernel
+def _rope_in_place_rows(x, cos, sin, inverse, parts):
+    """_rope_in_place_kernel on `parts` ranges of rows, in parallel."""
+    n = x.shape[0]
+    for c in prange(parts):
+        a, b = c * n // parts, (c + 1) * n // parts
+        _rope_in_place_kernel(x[a:b], cos[a:b], sin[a:b], inverse)
