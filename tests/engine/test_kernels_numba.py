@@ -211,7 +211,7 @@ def test_model_load_compiles_every_kernel_for_the_types_steps_use():
         greedy._quantize_kernel,
         moe._moe_rows_kernel,
         attention_decode._decode_plan_kernel,
-        indexer._decode_select_kernel,
+        indexer._select_kernel,
         rope._rope_in_place_kernel,
     ]
     model = load_model(model_config("swa-csa-hca"), load_format="dummy", device="cpu").model
@@ -408,6 +408,44 @@ def test_decode_indexer_topk_numba_equals_torch(monkeypatch, topk):
     assert (got[0, (positions[0] + 1) // ratio :] == -1).all()
 
 
+@pytest.mark.parametrize("topk", [3, 8, 64])
+def test_indexer_topk_numba_equals_torch_for_chunks_beside_decode_rows(monkeypatch, topk):
+    """A mixed step: prefill chunks (from position 0, after earlier chunks, one too short to
+    complete an entry) beside decode rows. Each chunk row picks the torch path's entries as a
+    set (its attention masks by them); decode rows the same entries in the same order. Keys
+    include exact ties (zero keys, scored 0 like the entries relu zeroes)."""
+    from deepring.kernels import indexer
+    from deepring.kernels.attention_prefill import SeqLayout
+
+    g = torch.Generator().manual_seed(5 + topk)
+    epb, di, hi, ratio = 4, 8, 3, 4
+    starts, lens = [0, 63, 40, 0, 2, 150], [23, 1, 30, 2, 1, 9]
+    offsets = [sum(lens[:i]) for i in range(len(lens))]
+    positions = [p0 + r for p0, n in zip(starts, lens, strict=True) for r in range(n)]
+    token_seq = [i for i, n in enumerate(lens) for _ in range(n)]
+    tables = torch.randperm(80, generator=g)[:60].view(6, 10)
+    cache = torch.randn(80, epb, di, generator=g)
+    cache[tables[0, 1]] = 0.0  # four zero keys: tied scores
+    cache[tables[2, 3], 2] = cache[tables[2, 0], 1]  # two entries with the same key
+    t = len(positions)
+    q = torch.randn(t, hi, di, generator=g)
+    w = torch.randn(t, hi, generator=g)
+    lay = SeqLayout(
+        offsets=offsets, lens=lens, starts=starts, slots=torch.arange(6), block_tables=tables,
+        token_seq=torch.tensor(token_seq), positions=torch.tensor(positions),
+        starts_t=torch.tensor(starts), offsets_t=torch.tensor(offsets),
+    )  # fmt: skip
+    with _kernels(monkeypatch, "torch"):
+        want = indexer.indexer_topk(q, w, cache, lay, ratio, topk, 0.7)
+    with _kernels(monkeypatch, "auto"):
+        got = indexer.indexer_topk(q, w, cache, lay, ratio, topk, 0.7)
+    assert got.shape == want.shape
+    decode_rows = [offsets[i] for i, n in enumerate(lens) if n == 1]
+    assert torch.equal(got[decode_rows], want[decode_rows])
+    assert torch.equal(got.sort(-1).values, want.sort(-1).values)
+    assert (got[offsets[3] : offsets[3] + 2] == -1).all()  # no entry complete yet
+
+
 def test_every_row_parallel_variant_writes_what_its_serial_kernel_writes(row_splits_checked):
     """Random rows through each kernel that has a row-parallel variant; the fixture checks the
     variant (rows cut into 2, 3 and more ranges than rows) against the serial kernel."""
@@ -451,7 +489,7 @@ def test_every_row_parallel_variant_writes_what_its_serial_kernel_writes(row_spl
                     torch.randint(0, 40, (rows, 4), generator=g), seqs, positions, positions,
                     seqs)  # fmt: skip
     cache = torch.randn(40, 4, 8, generator=g)
-    indexer.decode_topk_numba(
+    indexer.indexer_topk_numba(
         torch.randn(rows, 3, 8, generator=g), torch.randn(rows, 3, generator=g), cache, lay,
         4, 5, 0.7,
     )  # fmt: skip
@@ -462,10 +500,10 @@ def test_every_row_parallel_variant_writes_what_its_serial_kernel_writes(row_spl
             packed.project(x).numpy(), bad.numpy(), torch.ones(rows, 2).numpy(), packed.down,
             packed.shared_down, packed.limit, x.new_empty(rows, 16).numpy(), 2,
         )  # fmt: skip
-    assert sorted(set(row_splits_checked)) == [
-        "_decode_select_rows", "_hc_merge_rows", "_hc_pre_rows", "_moe_rows_parallel",
-        "_norm_rope_rows", "_rms_norm_rows", "_rope_in_place_rows", "_settle_rows",
-    ]  # fmt: skip
+    assert sorted(set(row_splits_checked)) == sorted([
+        "_hc_merge_rows", "_hc_pre_rows", "_moe_rows_parallel", "_norm_rope_rows",
+        "_rms_norm_rows", "_rope_in_place_rows", "_select_rows", "_settle_rows",
+    ])  # fmt: skip
 
 
 def test_run_rows_splits_only_where_each_thread_gets_enough_rows(monkeypatch):
@@ -525,7 +563,7 @@ def test_model_load_compiles_the_row_parallel_kernels_steps_use():
     kernels = [
         hyper._hc_pre_rows, hyper._hc_merge_rows, rmsnorm._rms_norm_rows, rope._norm_rope_rows,
         rope._rope_in_place_rows, greedy._settle_rows, moe._moe_rows_parallel,
-        indexer._decode_select_rows,
+        indexer._select_rows,
     ]  # fmt: skip
     with _torch_threads(2):
         if dispatch.parallel_threads() < 2:

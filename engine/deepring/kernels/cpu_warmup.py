@@ -16,7 +16,7 @@ from deepring.kernels.attention_prefill import SeqLayout
 from deepring.kernels.dispatch import parallel_threads, use_numba
 from deepring.kernels.greedy import quantize_rows_numba, settle_numba
 from deepring.kernels.hyper import hc_merge_numba, hc_pre_numba
-from deepring.kernels.indexer import decode_topk_numba
+from deepring.kernels.indexer import indexer_topk_numba
 from deepring.kernels.moe import MoEPacked, moe_rows_numba, route_numba
 from deepring.kernels.rmsnorm import rms_norm_numba
 from deepring.kernels.rope import apply_rope, norm_rope
@@ -71,4 +71,4 @@ def _warm_up(n: int) -> None:
     rows = torch.arange(n)
     lay = SeqLayout(list(range(n)), [1] * n, [3] * n, rows, rows[:, None], rows, rows * 0 + 3,
                     rows * 0 + 3, rows)  # fmt: skip
-    decode_topk_numba(x, x[:, :, 0], torch.zeros(n, 4, 4), lay, 4, 1, 1.0)
+    indexer_topk_numba(x, x[:, :, 0], torch.zeros(n, 4, 4), lay, 4, 1, 1.0)

@@ -96,9 +96,10 @@ def select_topk(scores: torch.Tensor, topk: int) -> torch.Tensor:
 
 
 @cpu_kernel
-def _decode_select_kernel(s, w, positions, ratio, topk, idx):
-    """For decode rows: score[e] = sum_h w[b, h] * relu(s[b, h, e]) over the causal entries,
-    then select_topk's picks (descending, ties to the lower entry, -1 past the causal ones)."""
+def _select_kernel(s, w, positions, ratio, ordered, idx):
+    """score[e] = sum_h w[b, h] * relu(s[b, h, e]) over row b's causal entries, then the top k
+    (k = idx.shape[1]; ties to the lower entry, -1 past the causal ones): in select_topk's
+    order (descending) when `ordered`, else in entry order."""
     b_rows, heads, n_max = s.shape
     k = idx.shape[1]
     score = np.empty(n_max, np.float32)
@@ -106,15 +107,20 @@ def _decode_select_kernel(s, w, positions, ratio, topk, idx):
     sel = np.empty(max(k, 1), np.int64)
     for b in range(b_rows):
         n = min((positions[b] + 1) // ratio, n_max)
-        for e in range(n):
-            score[e] = 0.0
-        for h in range(heads):
-            wh = w[b, h]
-            for e in range(n):
-                score[e] += wh * max(s[b, h, e], np.float32(0.0))
         kk = min(k, n)
         m = 0
+        if n <= k and not ordered:  # every causal entry
+            for e in range(n):
+                sel[e] = e
+            m = n
+            kk = 0
         if kk > 0:
+            for e in range(n):
+                score[e] = 0.0
+            for h in range(heads):
+                wh = w[b, h]
+                for e in range(n):
+                    score[e] += wh * max(s[b, h, e], np.float32(0.0))
             # Quickselect: afterwards buf[kk - 1] holds the kk-th largest score.
             for e in range(n):
                 buf[e] = score[e]
@@ -148,7 +154,7 @@ def _decode_select_kernel(s, w, positions, ratio, topk, idx):
                         ties -= 1
                     sel[m] = e
                     m += 1
-            for a in range(1, m):  # stable insertion sort, descending
+            for a in range(1, m if ordered else 0):  # stable insertion sort, descending
                 cur = sel[a]
                 c = score[cur]
                 j = a - 1
@@ -161,15 +167,21 @@ def _decode_select_kernel(s, w, positions, ratio, topk, idx):
 
 
 @cpu_parallel_kernel
-def _decode_select_rows(s, w, positions, ratio, topk, idx, parts):
-    """_decode_select_kernel on `parts` ranges of rows, in parallel."""
+def _select_rows(s, w, positions, ratio, ordered, idx, parts):
+    """_select_kernel on `parts` ranges of rows, in parallel."""
     n = s.shape[0]
     for c in prange(parts):
         a, b = c * n // parts, (c + 1) * n // parts
-        _decode_select_kernel(s[a:b], w[a:b], positions[a:b], ratio, topk, idx[a:b])
+        _select_kernel(s[a:b], w[a:b], positions[a:b], ratio, ordered, idx[a:b])
 
 
-def decode_topk_numba(
+def _select(s: torch.Tensor, w: torch.Tensor, pos: torch.Tensor, ratio: int, ordered: bool,
+            idx: torch.Tensor) -> None:  # fmt: skip
+    run_rows(_select_kernel, _select_rows, _ROWS_PER_THREAD, s.numpy(), w.numpy(), pos.numpy(),
+             ratio, ordered, idx.numpy())  # fmt: skip
+
+
+def indexer_topk_numba(
     q: torch.Tensor,
     weights: torch.Tensor,
     index_cache: torch.Tensor,
@@ -178,18 +190,45 @@ def decode_topk_numba(
     topk: int,
     scale: float,
 ) -> torch.Tensor:
-    """indexer_topk for a decode step (one row per request) on fp32 CPU tensors: the query-key
-    products by one torch GEMM, the head sum, causal limit and top-k in one kernel (instead of
-    about a dozen ops around a sort)."""
-    b = q.shape[0]
+    """indexer_topk on fp32 CPU tensors: the query-key products by torch GEMMs (one for all
+    single-row requests, one per longer chunk), then the head sum, causal limit and top-k of
+    every row in one kernel, instead of about a dozen ops around a sort. Single-row requests
+    get select_topk's order, rows of longer chunks their picks in entry order."""
+    t = q.shape[0]
     n_max = _n_entries(layout, ratio)
-    idx = torch.empty(b, min(topk, n_max), dtype=torch.long)
-    if b == 0 or n_max == 0:
+    idx = torch.empty(t, min(topk, n_max), dtype=torch.long)
+    if t == 0 or n_max == 0:
         return idx
-    s = _row_products(q.float(), index_cache, layout.block_tables, torch.arange(n_max))
+    qf = q.float()
     w = (weights.float() * scale).contiguous()
-    run_rows(_decode_select_kernel, _decode_select_rows, _ROWS_PER_THREAD, s.numpy(), w.numpy(),
-             layout.positions.contiguous().numpy(), ratio, topk, idx.numpy())  # fmt: skip
+    pos = layout.positions.contiguous()
+    e = torch.arange(n_max)
+    single = [i for i, n in enumerate(layout.lens) if n == 1]
+    if len(single) == t:  # a decode step: row i is request i
+        s = _row_products(qf, index_cache, layout.block_tables, e)
+        _select(s, w, pos, ratio, True, idx)
+        return idx
+    if single:
+        rows = torch.tensor([layout.offsets[i] for i in single])
+        tables = layout.block_tables.index_select(0, torch.tensor(single))
+        picks = torch.empty(len(single), idx.shape[1], dtype=torch.long)
+        s = _row_products(qf[rows], index_cache, tables, e)
+        _select(s, w[rows], pos[rows], ratio, True, picks)
+        idx[rows] = picks
+    for s_i, (a, n_rows, p0) in enumerate(
+        zip(layout.offsets, layout.lens, layout.starts, strict=True)
+    ):
+        n = (p0 + n_rows) // ratio
+        if n_rows == 1:
+            continue
+        if n == 0:
+            idx[a : a + n_rows] = -1
+            continue
+        keys = take_entries(
+            index_cache, paged_rows(layout.block_tables[s_i : s_i + 1], e[:n], index_cache.shape[1])
+        )[0].float()
+        s = torch.matmul(qf[a : a + n_rows], keys.t())  # [rows, heads, n]
+        _select(s, w[a : a + n_rows], pos[a : a + n_rows], ratio, False, idx[a : a + n_rows])
     return idx
 
 
@@ -274,8 +313,8 @@ def indexer_topk(
         return select_topk(
             indexer_scores_triton(q, weights, index_cache, layout, ratio, scale), topk
         )
-    if len(layout.lens) == q.shape[0] and use_numba(q):  # a decode step
-        return decode_topk_numba(q, weights, index_cache, layout, ratio, topk, scale)
+    if use_numba(q):
+        return indexer_topk_numba(q, weights, index_cache, layout, ratio, topk, scale)
     scores = indexer_scores_torch(q, weights, index_cache, layout, ratio, scale)
     return _picks_of_chunks(scores, topk, layout, ratio)
 
