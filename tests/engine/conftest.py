@@ -27,7 +27,9 @@ def deepring_cache_dir(tmp_path_factory):
     mp.undo()
 
 
-ROW_PARALLEL_MODULES = ("greedy", "hyper", "indexer", "moe", "rmsnorm", "rope")
+ROW_PARALLEL_MODULES = (
+    "attention_decode_numba", "greedy", "hyper", "indexer", "moe", "rmsnorm", "rope",
+)  # fmt: skip
 
 
 @pytest.fixture

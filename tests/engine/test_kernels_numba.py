@@ -196,7 +196,16 @@ def test_router_numba_equals_torch(monkeypatch, func, hashed, rows, experts, k):
 def test_model_load_compiles_every_kernel_for_the_types_steps_use():
     """load_model compiles the numba kernels (so the first request does not), for exactly the
     argument types a prefill and a decode step pass: the steps add no compilation."""
-    from deepring.kernels import attention_decode, greedy, hyper, indexer, moe, rmsnorm, rope
+    from deepring.kernels import (
+        attention_decode,
+        attention_decode_numba,
+        greedy,
+        hyper,
+        indexer,
+        moe,
+        rmsnorm,
+        rope,
+    )
     from deepring.model.batch import ForwardBatch, SeqChunk
     from deepring.model.loader import load_model
     from v4_helpers import model_config, pool_for, step
@@ -213,6 +222,8 @@ def test_model_load_compiles_every_kernel_for_the_types_steps_use():
         attention_decode._decode_plan_kernel,
         indexer._select_kernel,
         rope._rope_in_place_kernel,
+        attention_decode_numba._decode_kernel,
+        attention_decode_numba._check,
     ]
     model = load_model(model_config("swa-csa-hca"), load_format="dummy", device="cpu").model
     compiled = [len(k.signatures) for k in kernels]
@@ -500,9 +511,13 @@ def test_every_row_parallel_variant_writes_what_its_serial_kernel_writes(row_spl
             packed.project(x).numpy(), bad.numpy(), torch.ones(rows, 2).numpy(), packed.down,
             packed.shared_down, packed.limit, x.new_empty(rows, 16).numpy(), 2,
         )  # fmt: skip
+    from deepring.kernels.attention_decode_numba import decode_attention_numba
+
+    for mode in ("window", "dense", "topk"):
+        decode_attention_numba(*_decode_case(g, mode, False, [3, 0, 2, 1, 4]))
     assert sorted(set(row_splits_checked)) == sorted([
         "_hc_merge_rows", "_hc_pre_rows", "_moe_rows_parallel", "_norm_rope_rows",
-        "_rms_norm_rows", "_rope_in_place_rows", "_select_rows", "_settle_rows",
+        "_rms_norm_rows", "_rope_in_place_rows", "_select_rows", "_settle_rows", "_decode_rows",
     ])  # fmt: skip
 
 
@@ -555,7 +570,7 @@ def test_parallel_threads_follow_numba_openmp_layer_and_torch():
 def test_model_load_compiles_the_row_parallel_kernels_steps_use():
     """With torch on two threads, load_model also compiles the row-parallel variants, for the
     argument types of a prefill and a decode step big enough to split their rows."""
-    from deepring.kernels import greedy, hyper, indexer, moe, rmsnorm, rope
+    from deepring.kernels import attention_decode_numba, greedy, hyper, indexer, moe, rmsnorm, rope
     from deepring.model.batch import ForwardBatch, SeqChunk
     from deepring.model.loader import load_model
     from v4_helpers import model_config, pool_for, step
@@ -563,7 +578,7 @@ def test_model_load_compiles_the_row_parallel_kernels_steps_use():
     kernels = [
         hyper._hc_pre_rows, hyper._hc_merge_rows, rmsnorm._rms_norm_rows, rope._norm_rope_rows,
         rope._rope_in_place_rows, greedy._settle_rows, moe._moe_rows_parallel,
-        indexer._select_rows,
+        indexer._select_rows, attention_decode_numba._decode_rows,
     ]  # fmt: skip
     with _torch_threads(2):
         if dispatch.parallel_threads() < 2:
@@ -579,3 +594,74 @@ def test_model_load_compiles_the_row_parallel_kernels_steps_use():
         batch = ForwardBatch.build(chunks, model.rope_tables(), 16, "cpu")
         model(batch, pool, greedy=True)
         assert [len(k.signatures) for k in kernels] == compiled
+
+
+def _decode_case(g: torch.Generator, mode: str, kv_in_ring: bool, slots: list[int]) -> tuple:
+    """Decode attention arguments: rows inside and past the first window (a partly empty and
+    a wrapped ring), scattered block tables, CSA picks with -1 padding or HCA's every causal
+    entry; with kv_in_ring the ring holds each row's new key and kv is NaN (it must be unused)."""
+    h, d, ring_len, ratio, epb = 3, 16, 8, 4, 4
+    positions = torch.tensor([0, 3, 6, 14, 42])
+    b = len(positions)
+    q, kv = torch.randn(b, h, d, generator=g), torch.randn(b, d, generator=g)
+    ring = torch.randn(b, ring_len, d, generator=g)
+    comp = torch.randn(64, epb, d, generator=g)
+    tables = torch.randperm(64, generator=g)[: b * 12].view(b, 12)
+    idx = None
+    if mode == "topk":
+        idx = torch.full((b, 4), -1)
+        for i, p in enumerate(positions.tolist()):
+            pick = torch.randperm((p + 1) // ratio, generator=g)[:4]
+            idx[i, : len(pick)] = pick
+    if kv_in_ring:
+        ring[torch.tensor(slots), positions % ring_len] = kv
+        kv = torch.full_like(kv, float("nan"))
+    c = None if mode == "window" else comp
+    sinks = torch.randn(h, generator=g)
+    return (q, kv, ring, c, positions, torch.tensor(slots), tables, idx, ratio, sinks, 0.3, 6)
+
+
+@pytest.mark.parametrize("mode", ["window", "dense", "topk"])
+@pytest.mark.parametrize("kv_in_ring", [False, True])
+@pytest.mark.parametrize("slots", [[0, 1, 2, 3, 4], [4, 0, 2, 1, 3]])
+def test_decode_attention_numba_equals_torch(monkeypatch, mode, kv_in_ring, slots):
+    from deepring.kernels import attention_decode
+    from deepring.kernels.attention_decode_numba import decode_attention_numba
+
+    args = _decode_case(torch.Generator().manual_seed(len(mode)), mode, kv_in_ring, slots)
+    _, _, ring, c, positions, sl, tables, idx, ratio, _, _, window = args
+    dense = (ratio, c.shape[1]) if c is not None and idx is None else None
+    plan = attention_decode.decode_plan(positions, sl, tables, ring.shape[1], window, dense,
+                                        kv_in_ring)  # fmt: skip
+    want = attention_decode.decode_attention_torch(*args, plan)
+    got = decode_attention_numba(*args, kv_in_ring)
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    # The dispatcher takes the numba kernel for fp32 CPU tensors (no plan needed).
+    with _kernels(monkeypatch, "auto"):
+        built = []
+        out = attention_decode.decode_attention(
+            *args, plan=lambda: built.append(1), kv_in_ring=kv_in_ring
+        )
+    assert not built
+    torch.testing.assert_close(out, got, atol=0, rtol=0)
+
+
+def test_decode_attention_numba_rejects_indices_outside_its_arrays():
+    from deepring.kernels.attention_decode_numba import decode_attention_numba
+
+    args = list(_decode_case(torch.Generator().manual_seed(2), "topk", False, [0, 1, 2, 3, 4]))
+    cases = [
+        (5, torch.tensor([0, 1, 2, 3, 5]), "slot"),  # 5 rings
+        (7, torch.tensor([[0, 1, 2, 60, -1]] * 5), "block table"),  # 12 blocks of 4 entries
+        (4, torch.tensor([0, 3, 7, 13, -1]), "negative"),
+    ]
+    for i, bad, what in cases:
+        broken = list(args)
+        broken[i] = bad
+        with pytest.raises(IndexError, match=what):
+            decode_attention_numba(*broken)
+    broken = list(args)
+    broken[6] = args[6].clone()
+    broken[6][4, 0] = 64  # the compressed cache has 64 blocks
+    with pytest.raises(IndexError, match="block id"):
+        decode_attention_numba(*broken)

@@ -10,14 +10,17 @@ Compressed keys as in prefill attention. Sinks included.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
+from deepring.kernels.attention_decode_numba import decode_attention_numba, numba_fits
 from deepring.kernels.dispatch import (
     HAVE_TRITON,
     cpu_kernel,
     next_pow2,
+    use_numba,
     use_numba_plan,
     use_triton,
 )
@@ -317,10 +320,24 @@ def decode_attention(
     sinks: torch.Tensor,
     scale: float,
     window: int,
-    plan: DecodePlan | None = None,
+    plan: DecodePlan | Callable[[], DecodePlan] | None = None,
+    kv_in_ring: bool = False,
 ) -> torch.Tensor:
-    """`plan` (torch path only): decode_plan's result for this batch, shared across layers."""
+    """kv_in_ring: the ring already holds each row's new token (torch and numba paths only).
+    `plan` (torch path only): decode_plan's result for this batch, shared across layers, or
+    what makes it (the other paths do not need it)."""
     args = (q, kv, ring, comp, positions, slots, block_tables, comp_idx, comp_ratio, sinks)
     if use_triton(q):
+        if kv_in_ring:
+            raise ValueError("decode attention: the Triton kernel reads the new token from kv")
         return decode_attention_triton(*args, scale, window)
+    if use_numba(q) and numba_fits(q, ring, comp):
+        return decode_attention_numba(*args, scale, window, kv_in_ring)
+    if callable(plan):
+        plan = plan()
+    if plan is None and kv_in_ring:
+        dense = (comp_ratio, comp.shape[1]) if comp is not None and comp_idx is None else None
+        plan = decode_plan(positions, slots, block_tables, ring.shape[1], window, dense, True)
+    if plan is not None and plan.kv_in_ring != kv_in_ring:
+        raise ValueError("decode attention: the plan and kv_in_ring disagree")
     return decode_attention_torch(*args, scale, window, plan)

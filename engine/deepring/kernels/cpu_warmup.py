@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 
 from deepring.kernels.attention_decode import decode_plan
+from deepring.kernels.attention_decode_numba import decode_attention_numba
 from deepring.kernels.attention_prefill import SeqLayout
 from deepring.kernels.dispatch import parallel_threads, use_numba
 from deepring.kernels.greedy import quantize_rows_numba, settle_numba
@@ -72,3 +73,5 @@ def _warm_up(n: int) -> None:
     lay = SeqLayout(list(range(n)), [1] * n, [3] * n, rows, rows[:, None], rows, rows * 0 + 3,
                     rows * 0 + 3, rows)  # fmt: skip
     indexer_topk_numba(x, x[:, :, 0], torch.zeros(n, 4, 4), lay, 4, 1, 1.0)
+    decode_attention_numba(x, x[:, 0], torch.zeros(n, 4, 4), torch.zeros(n, 4, 4), rows * 0 + 3,
+                           rows, rows[:, None], None, 4, torch.zeros(2), 1.0, 2)  # fmt: skip

@@ -110,7 +110,8 @@ class Attention(nn.Module):
             return decode_attention(
                 q, kv, cache.ring, cache.comp, lay.positions, lay.slots, lay.block_tables,
                 comp_idx, *args,
-                plan=self._decode_plan(batch, cache, comp_idx is None, kv_in_ring),
+                plan=lambda: self._decode_plan(batch, cache, comp_idx is None, kv_in_ring),
+                kv_in_ring=kv_in_ring,
             )  # fmt: skip
         if use_triton(q) or not batch.decode_seqs:
             return prefill_attention(q, kv, cache.ring, cache.comp, lay, comp_idx, *args)
