@@ -195,7 +195,8 @@ def prefill_attention_torch(
                 hide_all.scatter_(2, torch.where(picks >= 0, picks, n), 0.0 if flash else False)
         qf = _rows_of(q, offsets, n_rows).float()
         res = torch.empty_like(qf)
-        zero = keys.new_zeros(len(seqs), 1, keys.shape[-1])  # the sink's key (see _attend_rows)
+        # The sink's key (see _attend_rows); the flash path applies the sink apart.
+        zero = None if flash else keys.new_zeros(len(seqs), 1, keys.shape[-1])
         for b0 in range(0, n_rows, block_q):
             b1 = min(n_rows, b0 + block_q)
             k_lo = max(0, nh + b0 - (window - 1))  # first window key any row of the block sees

@@ -24,7 +24,7 @@ from deepring.kernels.dispatch import (
 )
 from deepring.kernels.gather import paged_rows, take_entries
 
-# Rows per thread below which the decode top-k does not split its rows (dispatch.run_rows).
+# Rows per thread below which the top-k kernel does not split its rows (dispatch.run_rows).
 _ROWS_PER_THREAD = 4
 
 
