@@ -10,6 +10,11 @@ Why numba on CPU: a small model's decode step is about a thousand torch ops of a
 microseconds of work each, and each costs 10-40 us in dispatch and cold caches. A numba kernel
 does one op's whole chain of elementwise work in one call, compiled for this CPU. GEMMs stay
 with torch (oneDNN / MKL).
+
+Kernels whose rows are independent also have a row-parallel variant (cpu_parallel_kernel),
+which run_rows calls with the rows shared out among threads. numba's OpenMP layer binds to the
+OpenMP runtime torch loaded (torch puts it in the global symbol scope), so both use one pool of
+threads: a parallel loop starts on the threads that wait, spinning, between torch's ops.
 """
 
 from __future__ import annotations
