@@ -199,3 +199,19 @@ def test_decode_compress_plan_equals_the_general_one(positions, shape):
                  "rope_pos", "keep_dest", "tail_row"):  # fmt: skip
         assert torch.equal(getattr(fast, name), getattr(slow, name)), name
     assert (fast.chunk_only, fast.all_valid) == (slow.chunk_only, slow.all_valid)
+
+
+@given(
+    prompt=st.lists(st.integers(0, 99), min_size=1, max_size=12),
+    output=st.lists(st.integers(100, 199), max_size=12),
+    data=st.data(),
+)
+def test_request_tokens_is_a_slice_of_prompt_then_output(prompt, output, data):
+    from deepring.sampling.params import SamplingParams
+    from deepring.worker.request import Request
+
+    req = Request("r", prompt, SamplingParams(), 0, output_ids=list(output))
+    total = len(prompt) + len(output)
+    start = data.draw(st.integers(0, total))
+    end = data.draw(st.integers(start, total))
+    assert req.tokens(start, end) == (prompt + output)[start:end]
