@@ -176,3 +176,40 @@ def test_non_streaming_errors_are_http_errors(recipe):
         JsonSink(http, _prepare(recipe, api, False), frozenset(), recipe.R).error("gone")
         assert http.status == 500
         assert shape in json.loads(http.body)
+
+
+def test_a_request_before_the_workers_report_is_told_the_server_is_starting(v41_tokenizer_path):
+    """Until the workers are up no tokenizer is known: a request then gets the plain 503
+    "starting", not advice to restart the frontend with --tokenizer; once they are up and none
+    reported one, it does; a reported tokenizer builds the protocol objects."""
+    import asyncio
+
+    from deepring.config import FrontendConfig
+    from deepring.frontend.app import App
+    from deepring.frontend.errors import ApiError
+    from deepring.frontend.metrics import Metrics
+
+    class Workers:  # the EngineClient surface load_recipe reads
+        ready = False
+        tokenizer = None
+
+        def info(self, key: str):
+            return self.tokenizer if key == "tokenizer" else None
+
+    class Req:
+        path, method = "/v1/chat/completions", "POST"
+
+    workers = Workers()
+    app = App(FrontendConfig(ring_addr="ipc:///tmp/deepring-test-ring"), workers, Metrics())
+    with pytest.raises(ApiError) as err:
+        asyncio.run(app._generate(CHAT, Req()))
+    assert err.value.status == 503
+    assert "starting" in str(err.value)
+    assert "--tokenizer" not in str(err.value)
+    workers.ready = True
+    app.load_recipe()
+    assert "--tokenizer" in app.recipe_error
+    workers.tokenizer = v41_tokenizer_path
+    app.load_recipe()
+    assert app.recipe is not None
+    assert app.recipe_error is None

@@ -47,7 +47,12 @@ class App:
             return
         path = self.config.tokenizer or self.client.info("tokenizer")
         if path is None:
-            self.recipe_error = "no tokenizer: start the frontend with --tokenizer"
+            # Before the workers are up none has reported its tokenizer yet: that is starting
+            # (the plain 503), not a frontend started without one.
+            ready = self.client.ready
+            self.recipe_error = (
+                "no tokenizer: start the frontend with --tokenizer" if ready else None
+            )
             return
         try:
             self.recipe = Recipe(path, self.config.served_model_name)
