@@ -385,12 +385,23 @@ def test_decode_plan_numba_equals_torch(monkeypatch, kv_in_ring, dense, slots):
     assert got.kv_in_ring == want.kv_in_ring
 
 
+def _topk_numba_and_torch(monkeypatch, q, w, cache, lay, ratio, topk):
+    """indexer_topk's picks through the numba kernel and through the torch path."""
+    from deepring.kernels import indexer
+
+    out = {}
+    for backend in ("auto", "torch"):
+        with _kernels(monkeypatch, backend):
+            out[backend] = indexer.indexer_topk(q, w, cache, lay, ratio, topk, 0.7)
+    assert out["auto"].shape == out["torch"].shape
+    return out["auto"], out["torch"]
+
+
 @pytest.mark.parametrize("topk", [3, 8, 64])
 def test_decode_indexer_topk_numba_equals_torch(monkeypatch, topk):
     """One decode row per request: the numba head sum + top-k equal the reference's scores and
     select_topk, with rows of fewer causal entries than topk, scattered block tables, and exact
     ties (zero keys, and every score of a row zero)."""
-    from deepring.kernels import indexer
     from deepring.kernels.attention_prefill import SeqLayout
 
     g = torch.Generator().manual_seed(11)
@@ -410,11 +421,7 @@ def test_decode_indexer_topk_numba_equals_torch(monkeypatch, topk):
         block_tables=tables, token_seq=torch.arange(5), positions=torch.tensor(positions),
         starts_t=torch.tensor(positions), offsets_t=torch.arange(5),
     )  # fmt: skip
-    with _kernels(monkeypatch, "torch"):
-        want = indexer.indexer_topk(q, w, cache, lay, ratio, topk, 0.7)
-    with _kernels(monkeypatch, "auto"):
-        got = indexer.indexer_topk(q, w, cache, lay, ratio, topk, 0.7)
-    assert got.shape == want.shape
+    got, want = _topk_numba_and_torch(monkeypatch, q, w, cache, lay, ratio, topk)
     assert torch.equal(got, want)
     assert (got[0, (positions[0] + 1) // ratio :] == -1).all()
 
@@ -425,7 +432,6 @@ def test_indexer_topk_numba_equals_torch_for_chunks_beside_decode_rows(monkeypat
     complete an entry) beside decode rows. Each chunk row picks the torch path's entries as a
     set (its attention masks by them); decode rows the same entries in the same order. Keys
     include exact ties (zero keys, scored 0 like the entries relu zeroes)."""
-    from deepring.kernels import indexer
     from deepring.kernels.attention_prefill import SeqLayout
 
     g = torch.Generator().manual_seed(5 + topk)
@@ -446,11 +452,7 @@ def test_indexer_topk_numba_equals_torch_for_chunks_beside_decode_rows(monkeypat
         token_seq=torch.tensor(token_seq), positions=torch.tensor(positions),
         starts_t=torch.tensor(starts), offsets_t=torch.tensor(offsets),
     )  # fmt: skip
-    with _kernels(monkeypatch, "torch"):
-        want = indexer.indexer_topk(q, w, cache, lay, ratio, topk, 0.7)
-    with _kernels(monkeypatch, "auto"):
-        got = indexer.indexer_topk(q, w, cache, lay, ratio, topk, 0.7)
-    assert got.shape == want.shape
+    got, want = _topk_numba_and_torch(monkeypatch, q, w, cache, lay, ratio, topk)
     decode_rows = [offsets[i] for i, n in enumerate(lens) if n == 1]
     assert torch.equal(got[decode_rows], want[decode_rows])
     assert torch.equal(got.sort(-1).values, want.sort(-1).values)
