@@ -54,6 +54,9 @@ def row_splits_checked(monkeypatch):
 
         want = copies()
         serial(*want)
+        # Starting numba's threading layer sets OpenMP's (so torch's) thread count: both are
+        # put back (torch's read first).
+        torch_threads = torch.get_num_threads()
         threads = numba.get_num_threads()
         numba.set_num_threads(min(2, numba.config.NUMBA_NUM_THREADS))
         try:
@@ -65,6 +68,7 @@ def row_splits_checked(monkeypatch):
                         np.testing.assert_array_equal(a, b, err_msg=parallel.__name__)
         finally:
             numba.set_num_threads(threads)
+            torch.set_num_threads(torch_threads)
         checked.append(parallel.__name__)
         real(serial, parallel, min_rows, *args)
 

@@ -119,26 +119,36 @@ def _probe(x):
 
 
 @functools.cache
-def parallel_threads() -> int:
-    """How many threads the row-parallel kernels use: numba's, when its threading layer is
-    OpenMP; else 1, and run_rows calls the serial kernels. Starting a parallel loop on OpenMP's
-    waiting threads costs about a microsecond; numba's fallback layer (workqueue, where no
-    OpenMP runtime is installed) took about 50 us (ad-hoc, 2-core dev machine), more than the
-    kernels split here take, and may not be entered from two threads at once."""
+def _numba_openmp() -> bool:
+    """Whether numba's threading layer is OpenMP. Starting a parallel loop on OpenMP's waiting
+    threads costs about a microsecond; numba's fallback layer (workqueue, where no OpenMP
+    runtime is installed) took about 50 us (ad-hoc, 2-core dev machine), more than the kernels
+    split here take, and may not be entered from two threads at once."""
     if not HAVE_NUMBA:
-        return 1
+        return False
     if numba.config.THREADING_LAYER == "default":  # numba's own order tries TBB first
         numba.config.THREADING_LAYER_PRIORITY = ["omp", "tbb", "workqueue"]
+    torch_threads = torch.get_num_threads()
     try:
+        numba.set_num_threads(min(numba.config.NUMBA_NUM_THREADS, torch_threads))
         _probe(np.zeros(2))
     except (ValueError, RuntimeError, OSError, ImportError):  # no threading layer loads
+        return False
+    finally:
+        # Starting its OpenMP layer, numba sets OpenMP's thread count to NUMBA_NUM_THREADS,
+        # and torch reads its own from there: put torch's back.
+        torch.set_num_threads(torch_threads)
+    return numba.threading_layer() == "omp"
+
+
+def parallel_threads() -> int:
+    """How many threads the row-parallel kernels use now: torch's, where numba's threading
+    layer is OpenMP and numba may start that many; else 1, and run_rows calls the serial
+    kernels."""
+    threads = torch.get_num_threads()
+    if threads < 2 or not HAVE_NUMBA or threads > numba.config.NUMBA_NUM_THREADS:
         return 1
-    if numba.threading_layer() != "omp":
-        return 1
-    # No more threads than torch uses: the machine may be shared on purpose.
-    threads = min(numba.config.NUMBA_NUM_THREADS, torch.get_num_threads())
-    numba.set_num_threads(threads)
-    return threads
+    return threads if _numba_openmp() else 1
 
 
 def serial_rows_limit(rows: int) -> int | None:
@@ -151,8 +161,12 @@ def run_rows(serial: Callable, parallel: Callable, min_rows: int, *args) -> None
     """serial(*args), a kernel whose rows (the first axis of args[0]) are independent, or
     parallel(*args, parts) with the rows cut into `parts` ranges, one per thread, each of at
     least min_rows rows (below that, starting threads costs more than it saves)."""
-    parts = min(parallel_threads(), torch.get_num_threads(), args[0].shape[0] // min_rows)
+    threads = parallel_threads()
+    parts = min(threads, args[0].shape[0] // min_rows)
     if parts > 1:
+        # The launch's team is numba's thread count (kept per calling thread): torch's.
+        if numba.get_num_threads() != threads:
+            numba.set_num_threads(threads)
         parallel(*args, parts)
     else:
         serial(*args)
