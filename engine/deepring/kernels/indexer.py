@@ -8,6 +8,8 @@ batch composition: selection is a stable descending sort, not torch.topk.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import numpy as np
 import torch
 
@@ -43,6 +45,34 @@ def _row_products(
     return torch.bmm(qf, keys.transpose(1, 2))
 
 
+def _products(
+    qf: torch.Tensor, index_cache: torch.Tensor, layout: SeqLayout, ratio: int, e: torch.Tensor
+) -> Iterator[tuple[slice | torch.Tensor, torch.Tensor, bool]]:
+    """The query-key products q . k of the rows (qf [T, HI, DI] fp32) against their requests'
+    index keys, by torch GEMMs: yields (rows, s, single), s [rows, HI, N] over entries 0..N-1.
+    First the single-row requests (decode rows) together, one batched GEMM (rows = slice(None)
+    when they are every row, else their row ids; single = True); then each longer chunk that
+    has an entry, one GEMM (rows a slice; single = False)."""
+    t = qf.shape[0]
+    single = [i for i, n in enumerate(layout.lens) if n == 1]
+    if len(single) == t:  # a decode step: row i is request i
+        yield slice(None), _row_products(qf, index_cache, layout.block_tables, e), True
+        return
+    if single:
+        rows = torch.tensor([layout.offsets[i] for i in single], device=qf.device)
+        tables = layout.block_tables.index_select(0, torch.tensor(single, device=qf.device))
+        yield rows, _row_products(qf[rows], index_cache, tables, e), True
+    for s_i, (a, n_rows, p0) in enumerate(
+        zip(layout.offsets, layout.lens, layout.starts, strict=True)
+    ):
+        n = (p0 + n_rows) // ratio
+        if n == 0 or n_rows == 1:
+            continue
+        rows = paged_rows(layout.block_tables[s_i : s_i + 1], e[:n], index_cache.shape[1])
+        keys = take_entries(index_cache, rows)[0].float()
+        yield slice(a, a + n_rows), torch.matmul(qf[a : a + n_rows], keys.t()), False
+
+
 def indexer_scores_torch(
     q: torch.Tensor,
     weights: torch.Tensor,
@@ -55,34 +85,15 @@ def indexer_scores_torch(
     t = q.shape[0]
     n_max = _n_entries(layout, ratio)
     dev = q.device
+    scores = torch.full((t, n_max), float("-inf"), device=dev)
     if n_max == 0 or t == 0:
-        return torch.full((t, n_max), float("-inf"), device=dev)
-    epb = index_cache.shape[1]
+        return scores
     e = torch.arange(n_max, device=dev)
     # The head sum is a batched GEMV with the scale folded into the weights: one pass over the
     # [rows, heads, entries] products instead of a scaled copy, a weighted copy and a sum.
-    qf, wf = q.float(), (weights.float() * scale)[:, None, :]
-    single = [i for i, n in enumerate(layout.lens) if n == 1]
-    if len(single) == t:  # a decode step: row i is request i
-        s = _row_products(qf, index_cache, layout.block_tables, e).relu_()  # [B, HI, N]
-        scores = torch.bmm(wf, s).squeeze(1)
-    else:
-        scores = torch.full((t, n_max), float("-inf"), device=dev)
-    if single and len(single) < t:  # the decode rows of a mixed step, batched
-        rows = torch.tensor([layout.offsets[i] for i in single], device=dev)
-        tables = layout.block_tables.index_select(0, torch.tensor(single, device=dev))
-        s = _row_products(qf[rows], index_cache, tables, e).relu_()
-        scores[rows] = torch.bmm(wf[rows], s).squeeze(1)
-    for s_i, (a, n_rows, p0) in enumerate(
-        zip(layout.offsets, layout.lens, layout.starts, strict=True)
-    ):
-        n = (p0 + n_rows) // ratio
-        if n == 0 or n_rows == 1:
-            continue
-        keys = take_entries(index_cache, paged_rows(layout.block_tables[s_i : s_i + 1], e[:n], epb))
-        keys = keys[0].float()
-        s = torch.matmul(qf[a : a + n_rows], keys.t()).relu_()
-        scores[a : a + n_rows, :n] = torch.bmm(wf[a : a + n_rows], s).squeeze(1)
+    wf = (weights.float() * scale)[:, None, :]
+    for rows, s, _ in _products(q.float(), index_cache, layout, ratio, e):
+        scores[rows, : s.shape[2]] = torch.bmm(wf[rows], s.relu_()).squeeze(1)
     causal = (layout.positions + 1) // ratio
     return scores.masked_fill(e[None] >= causal[:, None], float("-inf"))
 
@@ -196,39 +207,19 @@ def indexer_topk_numba(
     get select_topk's order, rows of longer chunks their picks in entry order."""
     t = q.shape[0]
     n_max = _n_entries(layout, ratio)
-    idx = torch.empty(t, min(topk, n_max), dtype=torch.long)
+    # -1 stays in the rows of chunks that have no complete entry yet (_products skips them).
+    idx = torch.full((t, min(topk, n_max)), -1, dtype=torch.long)
     if t == 0 or n_max == 0:
         return idx
-    qf = q.float()
     w = (weights.float() * scale).contiguous()
     pos = layout.positions.contiguous()
-    e = torch.arange(n_max)
-    single = [i for i, n in enumerate(layout.lens) if n == 1]
-    if len(single) == t:  # a decode step: row i is request i
-        s = _row_products(qf, index_cache, layout.block_tables, e)
-        _select(s, w, pos, ratio, True, idx)
-        return idx
-    if single:
-        rows = torch.tensor([layout.offsets[i] for i in single])
-        tables = layout.block_tables.index_select(0, torch.tensor(single))
-        picks = torch.empty(len(single), idx.shape[1], dtype=torch.long)
-        s = _row_products(qf[rows], index_cache, tables, e)
-        _select(s, w[rows], pos[rows], ratio, True, picks)
-        idx[rows] = picks
-    for s_i, (a, n_rows, p0) in enumerate(
-        zip(layout.offsets, layout.lens, layout.starts, strict=True)
-    ):
-        n = (p0 + n_rows) // ratio
-        if n_rows == 1:
-            continue
-        if n == 0:
-            idx[a : a + n_rows] = -1
-            continue
-        keys = take_entries(
-            index_cache, paged_rows(layout.block_tables[s_i : s_i + 1], e[:n], index_cache.shape[1])
-        )[0].float()
-        s = torch.matmul(qf[a : a + n_rows], keys.t())  # [rows, heads, n]
-        _select(s, w[a : a + n_rows], pos[a : a + n_rows], ratio, False, idx[a : a + n_rows])
+    for rows, s, single in _products(q.float(), index_cache, layout, ratio, torch.arange(n_max)):
+        if isinstance(rows, slice):  # a view: the kernel writes idx itself
+            _select(s, w[rows], pos[rows], ratio, single, idx[rows])
+        else:
+            picks = torch.empty(len(rows), idx.shape[1], dtype=torch.long)
+            _select(s, w[rows], pos[rows], ratio, single, picks)
+            idx[rows] = picks
     return idx
 
 
