@@ -147,6 +147,12 @@ def test_decode_attention_reference(mode, slots):
         lay.block_tables, idx, RATIO, sinks, 0.3, WINDOW, plan=plan,
     )  # fmt: skip
     torch.testing.assert_close(got_now, want, atol=1e-5, rtol=1e-5)
+    # Without a plan, it builds the same one from kv_in_ring.
+    got_built = attention_decode.decode_attention_torch(
+        q, torch.full_like(kv, float("nan")), ring_now, c, lay.positions, lay.slots,
+        lay.block_tables, idx, RATIO, sinks, 0.3, WINDOW, kv_in_ring=True,
+    )  # fmt: skip
+    torch.testing.assert_close(got_built, got_now, atol=0, rtol=0)
 
 
 @pytest.mark.parametrize(

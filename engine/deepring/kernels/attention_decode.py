@@ -146,14 +146,15 @@ def decode_attention_torch(
     scale: float,
     window: int,
     plan: DecodePlan | None = None,
+    kv_in_ring: bool = False,
 ) -> torch.Tensor:
     """q: [B, H, D]; kv: [B, D]; positions/slots: [B]; comp_idx: [B, K] or None. `plan`: what
-    decode_plan gives for these positions, slots and tables (built here when not given, for a
-    ring without the new token)."""
+    decode_plan gives for these positions, slots and tables; when not given, it is built here
+    with kv_in_ring (a given plan carries its own)."""
     b, h, _ = q.shape
     if plan is None:
         dense = (comp_ratio, comp.shape[1]) if comp is not None and comp_idx is None else None
-        plan = decode_plan(positions, slots, block_tables, ring.shape[1], window, dense)
+        plan = decode_plan(positions, slots, block_tables, ring.shape[1], window, dense, kv_in_ring)
     f32 = torch.float32
     rows = plan.ring_rows
     # Key groups are scored and summed one by one rather than concatenated: the scores are a
@@ -335,9 +336,6 @@ def decode_attention(
         return decode_attention_numba(*args, scale, window, kv_in_ring)
     if callable(plan):
         plan = plan()
-    if plan is None and kv_in_ring:
-        dense = (comp_ratio, comp.shape[1]) if comp is not None and comp_idx is None else None
-        plan = decode_plan(positions, slots, block_tables, ring.shape[1], window, dense, True)
     if plan is not None and plan.kv_in_ring != kv_in_ring:
         raise ValueError("decode attention: the plan and kv_in_ring disagree")
-    return decode_attention_torch(*args, scale, window, plan)
+    return decode_attention_torch(*args, scale, window, plan, kv_in_ring)
