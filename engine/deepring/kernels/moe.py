@@ -119,12 +119,21 @@ def _down_into(h, g0, inter, limit, scale, down, act, out):
 
 
 @cpu_kernel
+def _check_expert_ids(idx, n_experts):
+    for t in range(idx.shape[0]):
+        for r in range(idx.shape[1]):
+            if idx[t, r] < 0 or idx[t, r] >= n_experts:
+                raise IndexError("moe: an expert id is out of range")
+
+
+@cpu_kernel
 def _moe_rows_kernel(h, idx, wts, down, shared_down, limit, out):
     """out[t] = shared(t) + sum_r wts[t, r] * expert_{idx[t, r]}(t), from the gate / up
     projections h [n, E * 2i + 2s] of every expert and then the shared one."""
     n, d = out.shape
     n_experts, _, inter = down.shape
     s_inter = shared_down.shape[1]
+    _check_expert_ids(idx, n_experts)
     act = np.empty(max(inter, s_inter), np.float32)
     lim = np.float32(limit)
     for t in range(n):
@@ -134,20 +143,14 @@ def _moe_rows_kernel(h, idx, wts, down, shared_down, limit, out):
                    out[t])  # fmt: skip
         for r in range(idx.shape[1]):
             e = idx[t, r]
-            if e < 0 or e >= n_experts:
-                raise IndexError("moe: an expert id is out of range")
             _down_into(h[t], e * 2 * inter, inter, lim, wts[t, r], down[e], act, out[t])
 
 
 @cpu_parallel_kernel
 def _moe_rows_parallel(h, idx, wts, down, shared_down, limit, out, parts):
     """_moe_rows_kernel on `parts` ranges of rows, in parallel. The expert ids are checked
-    first: an exception is not raised out of a parallel loop."""
-    n_experts = down.shape[0]
-    for t in range(idx.shape[0]):
-        for r in range(idx.shape[1]):
-            if idx[t, r] < 0 or idx[t, r] >= n_experts:
-                raise IndexError("moe: an expert id is out of range")
+    first, here: an exception is not raised out of a parallel loop."""
+    _check_expert_ids(idx, down.shape[0])
     n = h.shape[0]
     for c in prange(parts):
         a, b = c * n // parts, (c + 1) * n // parts
