@@ -85,8 +85,26 @@ def _add_frontend_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--port", type=int, default=8000, help="0: any free port (printed)")
     g.add_argument(
         "--served-model-name",
+        nargs="+",
         default=None,
-        help="model name clients send (default: 'tiny' or the model directory name)",
+        metavar="NAME",
+        help="the model names clients may send; others get 400 (default: 'tiny' or the model "
+        "directory name)",
+    )
+    g.add_argument(
+        "--default-max-tokens",
+        type=int,
+        default=None,
+        metavar="N",
+        help="output cap of requests that set no max_tokens (default: 256 for a model with "
+        "random weights, which never ends an answer; otherwise the protocol's own default)",
+    )
+    g.add_argument(
+        "--default-thinking",
+        choices=["on", "off"],
+        default=None,
+        help="thinking mode for requests that do not choose (default: off for a model with "
+        "random weights such as 'tiny', which never ends its reasoning; on otherwise)",
     )
     g.add_argument(
         "--tokenizer", default=None, help="tokenizer.json (default: the one the workers report)"
@@ -106,10 +124,10 @@ def _add_frontend_args(p: argparse.ArgumentParser) -> None:
     )
 
 
-def _served_name(args: argparse.Namespace) -> str:
+def _served_names(args: argparse.Namespace) -> tuple[str, ...]:
     if args.served_model_name:
-        return args.served_model_name
-    return "tiny" if args.model == "tiny" else Path(args.model).name
+        return tuple(args.served_model_name)
+    return ("tiny",) if args.model == "tiny" else (Path(args.model).name,)
 
 
 def _frontend_config(args: argparse.Namespace, ring: str, n_prefill: int, n_decode: int):
@@ -117,8 +135,10 @@ def _frontend_config(args: argparse.Namespace, ring: str, n_prefill: int, n_deco
         ring_addr=ring,
         host=args.host,
         port=args.port,
-        served_model_name=_served_name(args),
+        served_model_names=_served_names(args),
         tokenizer=args.tokenizer,
+        default_thinking=None if args.default_thinking is None else args.default_thinking == "on",
+        default_max_tokens=args.default_max_tokens,
         expect_prefill=n_prefill,
         expect_decode=n_decode,
         max_queued_requests=args.max_queued_requests,
@@ -129,6 +149,24 @@ def _frontend_config(args: argparse.Namespace, ring: str, n_prefill: int, n_deco
     )
 
 
+def _model_error(args: argparse.Namespace, needs_tokenizer: bool) -> str | None:
+    """What is wrong with --model (and the tokenizer it brings), before anything starts."""
+    if args.model == "tiny":
+        return None
+    from deepring.model.config import ModelConfig
+
+    p = Path(args.model).expanduser()
+    if not p.is_dir():
+        return f"--model {args.model!r} is neither 'tiny' nor a checkpoint directory"
+    try:
+        ModelConfig.from_pretrained(p)
+    except ValueError as e:
+        return f"--model {args.model!r}: {e}"
+    if needs_tokenizer and args.tokenizer is None and not (p / "tokenizer.json").is_file():
+        return f"--model {args.model!r} has no tokenizer.json: pass --tokenizer FILE"
+    return None
+
+
 def _free_tcp(host: str = "127.0.0.1") -> str:
     with socket.socket() as s:
         s.bind((host, 0))
@@ -136,10 +174,12 @@ def _free_tcp(host: str = "127.0.0.1") -> str:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from deepring.frontend import server
-
     if args.num_prefill < 1 or args.num_decode < 1:
         print("deepring serve: need at least one prefill and one decode worker", file=sys.stderr)
+        return 2
+    problem = _model_error(args, needs_tokenizer=True)
+    if problem is not None:
+        print(f"deepring serve: {problem}", file=sys.stderr)
         return 2
     ipc_dir = None
     if args.transport == "ipc":
@@ -182,10 +222,9 @@ def _serve(args: argparse.Namespace) -> int:
         except ValueError as e:
             print(f"deepring serve: {e}", file=sys.stderr)
             return 2
-        from deepring.worker.process import setup_logging
+        from deepring import launcher
 
-        setup_logging("frontend")
-        return server.run(cfg.frontend, cfg.workers)
+        return launcher.run(cfg)
     finally:
         if ipc_dir is not None:
             shutil.rmtree(ipc_dir, ignore_errors=True)
@@ -193,7 +232,7 @@ def _serve(args: argparse.Namespace) -> int:
 
 def _frontend(args: argparse.Namespace) -> int:
     from deepring.frontend import server
-    from deepring.worker.process import setup_logging
+    from deepring.logs import setup_logging
 
     try:
         fe = _frontend_config(args, args.ring, args.num_prefill, args.num_decode)
@@ -207,6 +246,10 @@ def _frontend(args: argparse.Namespace) -> int:
 def _worker(args: argparse.Namespace) -> int:
     from deepring.worker.process import run_worker
 
+    problem = _model_error(args, needs_tokenizer=False)
+    if problem is not None:
+        print(f"deepring {args.command}: {problem}", file=sys.stderr)
+        return 2
     try:
         cfg = WorkerConfig(
             role=args.command,

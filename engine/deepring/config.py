@@ -108,8 +108,15 @@ class FrontendConfig:
     ring_addr: str  # bound by the frontend
     host: str = "127.0.0.1"
     port: int = 8000
-    served_model_name: str = "tiny"
+    # The model names requests may use; the first is the one /v1/models and /health report.
+    served_model_names: tuple[str, ...] = ("tiny",)
     tokenizer: str | None = None  # tokenizer.json; None: the path the first worker reports
+    # Thinking mode for requests that do not say: None is off for a model with random weights
+    # (which never closes its reasoning) and on otherwise (the official default).
+    default_thinking: bool | None = None
+    # Output cap for requests that set no max_tokens: None is 256 for a model with random
+    # weights (which never ends an answer) and the protocol's default otherwise.
+    default_max_tokens: int | None = None
     expect_prefill: int = 1  # ready only when this many prefill workers are registered
     expect_decode: int = 1
     max_queued_requests: int = 256  # requests waiting beyond the decode slots; then 429
@@ -129,12 +136,20 @@ class FrontendConfig:
             raise ValueError("max_queued_requests must be >= 0")
         if self.max_body_bytes < 1024:
             raise ValueError("max_body_bytes must be >= 1024")
-        if not self.served_model_name:
-            raise ValueError("served_model_name must not be empty")
+        if not self.served_model_names or not all(self.served_model_names):
+            raise ValueError("served model names must not be empty")
+        if len(set(self.served_model_names)) != len(self.served_model_names):
+            raise ValueError(f"duplicate served model names: {list(self.served_model_names)}")
+        if self.default_max_tokens is not None and self.default_max_tokens < 1:
+            raise ValueError("default_max_tokens must be >= 1")
         if self.drain_timeout < 0:
             raise ValueError("drain_timeout must be >= 0")
         if not 0 < self.heartbeat_interval < self.heartbeat_timeout:
             raise ValueError("need 0 < heartbeat_interval < heartbeat_timeout")
+
+    @property
+    def served_model_name(self) -> str:
+        return self.served_model_names[0]
 
 
 @dataclass(frozen=True)

@@ -14,18 +14,18 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from deepring import env
-from deepring.cache.pool import CacheConfig
-from deepring.model.loader import load_model
+from deepring.config import EngineSpec
+from deepring.core.build import build_engine
 from deepring.sampling.params import SamplingParams
 from deepring.sampling.sampler import splitmix64
-from deepring.worker.engine import EngineCore
-from deepring.worker.runner import cpu_setup
-from deepring.worker.scheduler import SchedulerConfig
+
+if TYPE_CHECKING:
+    from deepring.protocol.prepare import Recipe
 
 Prompt = str | list[int] | dict[str, Any]
 
@@ -56,45 +56,41 @@ class LLM:
         block_size: int = 128,
         progress: bool = False,
     ) -> None:
-        device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-        if device.type == "cpu":
-            cpu_setup(env.cpu_threads())
-        loaded = load_model(
-            model, dtype=dtype, device=device, load_format=load_format, seed=seed, progress=progress
-        )
-        self.model = loaded.model
-        self.config = loaded.config
-        if max_model_len < 2:
-            raise ValueError("max_model_len must be >= 2")
         if max_num_batched_tokens is None:
             # Offline work is throughput-bound: a step's token budget of a whole prompt at least,
             # and 4096 (DeepInfer's default rule). Serving keeps its smaller, latency-bound one.
             max_num_batched_tokens = max(max_model_len, 4096)
-        blocks_per_seq = -(-max_model_len // block_size)
-        cache = CacheConfig(
-            num_blocks=num_blocks or max_num_seqs * blocks_per_seq + 1,
-            num_slots=max_num_seqs,
-            block_size=block_size,
-        )
-        self.engine = EngineCore(
-            self.model,
-            cache,
-            SchedulerConfig(
-                max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens
-            ),
+        if isinstance(dtype, torch.dtype):
+            dtype = str(dtype).removeprefix("torch.")
+        spec = EngineSpec(
+            model=str(model),
+            device=str(device) if device is not None else None,
+            dtype=dtype,
+            load_format=load_format,
+            seed=seed,
             max_model_len=max_model_len,
-            eos_token_ids=self.config.eos_token_ids,
+            max_num_seqs=max_num_seqs,
+            max_num_batched_tokens=max_num_batched_tokens,
+            num_blocks=num_blocks,
+            block_size=block_size,
+            cpu_threads=env.cpu_threads(),
         )
+        built = build_engine(spec, progress=progress)
+        self.engine = built.engine
+        self.model = built.model
+        self.config = built.config
+        self.name = "tiny" if spec.model == "tiny" else Path(spec.model).name
         self.tokenizer = None
-        tok_path = Path(tokenizer) if tokenizer is not None else loaded.path
+        tok_path = Path(tokenizer) if tokenizer is not None else built.path
         if tok_path is not None:
             tok_file = tok_path / "tokenizer.json" if tok_path.is_dir() else tok_path
             if tok_file.is_file():
-                from deepring.tokenizer import load_tokenizer
+                from deepring.protocol.tokenizer import load_tokenizer
 
                 self.tokenizer = load_tokenizer(tok_file)
             elif tokenizer is not None:
                 raise ValueError(f"no tokenizer.json at {tok_file}")
+        self._recipe: Recipe | None = None
         self._seed = seed
         self._counter = itertools.count()
 
@@ -102,9 +98,7 @@ class LLM:
 
     def encode(self, prompt: Prompt) -> list[int]:
         if isinstance(prompt, dict):
-            from deepring.chat import encode_chat_request
-
-            return encode_chat_request(prompt, self._require_tokenizer())
+            return self._chat_ids(prompt)
         if isinstance(prompt, str):
             ids = self._require_tokenizer().encode(prompt)
             bos = self.config.bos_token_id
@@ -116,6 +110,21 @@ class LLM:
         raise ValueError(
             f"a prompt is text, a list of token ids or a chat request body, got {prompt!r:.80}"
         )
+
+    def _chat_ids(self, body: dict[str, Any]) -> list[int]:
+        """A Chat Completions body rendered with this model's template (the body's `model`
+        must name this model). Its sampling fields are not used: generate's are."""
+        from deepring.protocol.errors import ApiError
+        from deepring.protocol.formats import PromptFormat
+        from deepring.protocol.prepare import CHAT, Recipe
+
+        if self._recipe is None:
+            fmt = PromptFormat.of_model_type(self.config.model_type)
+            self._recipe = Recipe(self._require_tokenizer(), [self.name], fmt)
+        try:
+            return self._recipe.encode(CHAT, body)
+        except ApiError as e:
+            raise ValueError(f"chat request rejected: {e.message}") from None
 
     def _require_tokenizer(self):
         if self.tokenizer is None:
@@ -153,14 +162,14 @@ class LLM:
             for ids, p in zip(encoded, params, strict=True):
                 n = next(self._counter)
                 seed = p.seed if p.seed is not None else splitmix64(self._seed * 1_000_003 + n)
-                order.append(self.engine.add_request(f"req-{n}", ids, p, seed))
+                order.append(self.engine.add(n, ids, p, seed))
         except ValueError:
             for req in order:  # all or nothing: a bad prompt leaves no request behind
                 self.engine.abort(req.rid)
             raise
         t0 = time.monotonic()
         done = 0
-        while self.engine.has_unfinished:
+        while self.engine.has_work:
             for r in self.engine.step():
                 done += r.finished
             if use_tqdm:
@@ -174,7 +183,7 @@ class LLM:
             print(file=sys.stderr)
         return [
             RequestOutput(
-                request_id=r.rid,
+                request_id=f"req-{r.rid}",
                 prompt_token_ids=r.prompt_ids,
                 token_ids=r.output_ids,
                 text=self.tokenizer.decode(r.output_ids) if self.tokenizer is not None else None,

@@ -70,6 +70,38 @@ def _collect(stream) -> dict:
 def test_models_lists_the_served_model(openai_client):
     models = openai_client.models.list()
     assert [m.id for m in models.data] == ["tiny"]
+    # It says what the default model is: random weights, so random output.
+    assert "random weights" in models.data[0].model_extra["description"]
+
+
+def test_thinking_is_off_by_default_for_a_random_weight_model(openai_client):
+    """tiny never closes its reasoning, so with thinking on by default its answers would be
+    all reasoning and no content: the server defaults thinking off for it."""
+    full = openai_client.chat.completions.create(
+        model="tiny", messages=[{"role": "user", "content": "Hi"}], max_tokens=8, temperature=0
+    )
+    assert full.choices[0].message.content
+    assert not full.choices[0].message.model_extra.get("reasoning_content")
+
+
+def test_a_request_without_max_tokens_gets_the_random_model_cap(openai_client):
+    """tiny never ends an answer by itself: without a limit of its own a request stops at the
+    server's cap for random-weight models (256), not at the context length."""
+    full = openai_client.chat.completions.create(
+        model="tiny", messages=[{"role": "user", "content": "Hi"}], temperature=0
+    )
+    assert full.choices[0].finish_reason == "length"
+    assert full.usage.completion_tokens == 256
+
+
+@pytest.mark.parametrize("name", ["DeepSeek-V4-Pro", "DeepSeek-V4.1-Flash", "gpt-4o"])
+def test_only_the_served_model_names_are_accepted(openai_client, name):
+    with pytest.raises(openai.BadRequestError) as e:
+        openai_client.chat.completions.create(
+            model=name, messages=[{"role": "user", "content": "hi"}], max_tokens=2
+        )
+    assert name in e.value.message
+    assert "tiny" in e.value.message
 
 
 def test_chat_streamed_and_not_agree(openai_client):
@@ -92,14 +124,15 @@ def test_chat_streamed_and_not_agree(openai_client):
 
 
 def test_chat_thinking_mode_streams_reasoning(openai_client):
-    # Thinking is on by default, and samples at temperature 1: a seed makes it repeatable.
-    kw = {"extra_body": {}, "max_tokens": 10, "seed": 7}
+    # Thinking samples at temperature 1: a seed makes it repeatable.
+    kw = {"extra_body": {"thinking": {"type": "enabled"}}, "max_tokens": 10, "seed": 7}
     full = _chat(openai_client, stream=False, **kw)
     reasoning = full.choices[0].message.model_extra.get("reasoning_content")
     streamed = _collect(_chat(openai_client, stream=True, **kw))
     assert streamed["reasoning"] == reasoning
     assert streamed["content"] == (full.choices[0].message.content or "")
     assert streamed["usage"].completion_tokens == full.usage.completion_tokens == 10
+    assert reasoning
 
 
 def test_chat_with_tools_declared(openai_client):

@@ -28,7 +28,7 @@ def deepring_cache_dir(tmp_path_factory):
 
 
 ROW_PARALLEL_MODULES = (
-    "attention_decode_numba", "greedy", "hyper", "indexer", "moe", "rmsnorm", "rope",
+    "attention_decode_numba", "greedy", "hyper", "indexer", "moe_numba", "rmsnorm", "rope",
 )  # fmt: skip
 
 

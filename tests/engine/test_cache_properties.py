@@ -207,10 +207,10 @@ def test_decode_compress_plan_equals_the_general_one(positions, shape):
     data=st.data(),
 )
 def test_request_tokens_is_a_slice_of_prompt_then_output(prompt, output, data):
+    from deepring.core.request import Request
     from deepring.sampling.params import SamplingParams
-    from deepring.worker.request import Request
 
-    req = Request("r", prompt, SamplingParams(), 0, output_ids=list(output))
+    req = Request(0, prompt, SamplingParams(), 0, output_ids=list(output))
     total = len(prompt) + len(output)
     start = data.draw(st.integers(0, total))
     end = data.draw(st.integers(start, total))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 import sys
@@ -45,12 +46,28 @@ def test_unknown_subcommand_is_rejected(capsys):
         (["serve", "--max-model-len", "1"], "max_model_len"),
         (["frontend", "--ring", "localhost:5555"], "ZeroMQ endpoint"),
         (["decode", "--frontend", "tcp://h:1", "--handoff-bind", "nope"], "ZeroMQ endpoint"),
+        (["serve", "--model", "/no/such/model"], "neither 'tiny' nor a checkpoint directory"),
+        (["prefill", "--frontend", "tcp://h:1", "--model", "/no/such"], "checkpoint directory"),
+        (["serve", "--served-model-name", "a", "a"], "duplicate served model names"),
     ],
 )
 def test_serving_commands_refuse_bad_configurations(capsys, argv, message):
-    # Rejected before any process starts or any socket is bound.
+    # Rejected before any process starts or any socket is bound: one line, no traceback.
     assert cli.main(argv) == 2
-    assert message in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert message in err
+    assert err.count("\n") == 1
+
+
+def test_a_model_directory_needs_a_parsable_config_and_a_tokenizer(capsys, tmp_path):
+    from deepring.model.tiny import TINY_CONFIG
+
+    (tmp_path / "config.json").write_text('{"model_type": "llama"}')
+    assert cli.main(["serve", "--model", str(tmp_path)]) == 2
+    assert "unsupported model_type 'llama'" in capsys.readouterr().err
+    (tmp_path / "config.json").write_text(json.dumps(TINY_CONFIG))
+    assert cli.main(["serve", "--model", str(tmp_path)]) == 2
+    assert "has no tokenizer.json: pass --tokenizer" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("role", ["prefill", "decode", "frontend"])

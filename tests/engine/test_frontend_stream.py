@@ -7,8 +7,9 @@ from __future__ import annotations
 import json
 
 import pytest
-from deepring.frontend.protocols import CHAT, MESSAGES, RESPONSES, Recipe
 from deepring.frontend.stream import JsonSink, SseSink
+from deepring.protocol.formats import PromptFormat
+from deepring.protocol.prepare import CHAT, MESSAGES, RESPONSES, Recipe
 
 EOS = 1
 
@@ -59,7 +60,7 @@ class FakeHttp:
 
 @pytest.fixture(scope="module")
 def recipe(v41_tokenizer_path):
-    return Recipe(v41_tokenizer_path, "tiny")
+    return Recipe(v41_tokenizer_path, ["tiny"], PromptFormat.V41)
 
 
 BODIES = {
@@ -80,16 +81,14 @@ BODIES = {
 
 def _prepare(recipe: Recipe, api, stream: bool, **extra):
     body = json.dumps({**BODIES[api], "stream": stream, **extra}).encode()
-    cls, conv, model, extras = recipe.convert(api, body)
-    ids = recipe.encode(conv)
-    return recipe.finish(api, cls, conv, model, extras, ids, 4096)
+    return recipe.prepare(api, body, 4096)
 
 
 @pytest.mark.parametrize("api", [CHAT, RESPONSES, MESSAGES], ids=lambda a: a.name)
 def test_streamed_and_accumulated_agree_and_eos_is_not_text(recipe, api):
     text_ids = recipe.tokenizer.encode("Hello there, general")
     http = FakeHttp()
-    sink = SseSink(http, _prepare(recipe, api, True), frozenset({EOS}), recipe.R)
+    sink = SseSink(http, _prepare(recipe, api, True), frozenset({EOS}))
     sink.start(cache_hit=0)
     assert sink.tokens(text_ids[:2], None) is False
     assert sink.tokens([*text_ids[2:], EOS], "stop") is True
@@ -117,7 +116,7 @@ def test_streamed_and_accumulated_agree_and_eos_is_not_text(recipe, api):
     assert "end▁of▁sentence" not in b"".join(http.chunks).decode()
     # The same tokens through the non-streaming path.
     http2 = FakeHttp()
-    sink2 = JsonSink(http2, _prepare(recipe, api, False), frozenset({EOS}), recipe.R)
+    sink2 = JsonSink(http2, _prepare(recipe, api, False), frozenset({EOS}))
     sink2.start(cache_hit=0)
     sink2.tokens(text_ids[:2], None)
     sink2.tokens([*text_ids[2:], EOS], "stop")
@@ -128,7 +127,7 @@ def test_streamed_and_accumulated_agree_and_eos_is_not_text(recipe, api):
 def test_a_stop_sequence_ends_the_stream_early(recipe):
     http = FakeHttp()
     prep = _prepare(recipe, CHAT, True, stop=["there"])
-    sink = SseSink(http, prep, frozenset({EOS}), recipe.R)
+    sink = SseSink(http, prep, frozenset({EOS}))
     sink.start(cache_hit=3)
     done = sink.tokens(recipe.tokenizer.encode("Hello there, general"), None)
     assert done is True  # the client aborts the rest in the engine
@@ -141,7 +140,7 @@ def test_a_stop_sequence_ends_the_stream_early(recipe):
 @pytest.mark.parametrize("api", [CHAT, RESPONSES, MESSAGES], ids=lambda a: a.name)
 def test_error_events_in_each_protocol(recipe, api):
     http = FakeHttp()
-    sink = SseSink(http, _prepare(recipe, api, True), frozenset({EOS}), recipe.R)
+    sink = SseSink(http, _prepare(recipe, api, True), frozenset({EOS}))
     sink.start(cache_hit=0)
     sink.tokens(recipe.tokenizer.encode("Hi"), None)
     before = len(http.events())
@@ -165,7 +164,7 @@ def test_error_events_in_each_protocol(recipe, api):
         }
     # An error before anything was streamed still makes a well-formed stream.
     http = FakeHttp()
-    SseSink(http, _prepare(recipe, api, True), frozenset(), recipe.R).error("no worker")
+    SseSink(http, _prepare(recipe, api, True), frozenset()).error("no worker")
     assert http.status == 200
     assert http.ended
 
@@ -173,7 +172,7 @@ def test_error_events_in_each_protocol(recipe, api):
 def test_non_streaming_errors_are_http_errors(recipe):
     for api, shape in ((CHAT, "error"), (MESSAGES, "type")):
         http = FakeHttp()
-        JsonSink(http, _prepare(recipe, api, False), frozenset(), recipe.R).error("gone")
+        JsonSink(http, _prepare(recipe, api, False), frozenset()).error("gone")
         assert http.status == 500
         assert shape in json.loads(http.body)
 
@@ -186,8 +185,8 @@ def test_a_request_before_the_workers_report_is_told_the_server_is_starting(v41_
 
     from deepring.config import FrontendConfig
     from deepring.frontend.app import App
-    from deepring.frontend.errors import ApiError
     from deepring.frontend.metrics import Metrics
+    from deepring.protocol.errors import ApiError
 
     class Workers:  # the EngineClient surface load_recipe reads
         ready = False

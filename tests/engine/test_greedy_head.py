@@ -1,4 +1,4 @@
-"""The int8 and bf16 greedy heads against the fp32 argmax they stand for (model.greedy_head)."""
+"""The int8 and bf16 greedy heads against the fp32 argmax they stand for (kernels.greedy_head)."""
 
 from __future__ import annotations
 
@@ -6,9 +6,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 from deepring.kernels import greedy as greedy_kernels
+from deepring.kernels import greedy_head
 from deepring.kernels.dispatch import HAVE_NUMBA
-from deepring.model import greedy_head
-from deepring.model.greedy_head import GreedyHead
+from deepring.kernels.greedy_head import GreedyHead
 
 
 def _fp32_argmax(y: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
@@ -225,18 +225,17 @@ def test_an_unknown_kind_is_rejected():
 
 @pytest.mark.parametrize("rows", [1, 5, 40])  # 40: the fp32 path runs in vocabulary tiles
 def test_model_greedy_tokens_agree_with_and_without_the_fast_head(monkeypatch, rows, kind):
-    from deepring.model import model as model_mod
     from deepring.model.loader import load_model
     from deepring.model.tiny import tiny_config
 
     net = load_model(tiny_config(), load_format="dummy", progress=False).model
     h = torch.randn(rows, net.config.hc_mult, net.config.hidden_size, generator=_gen(6))
     with torch.inference_mode():
-        monkeypatch.setattr(model_mod, "head_kind", lambda: kind)
+        monkeypatch.setattr(greedy_head, "head_kind", lambda: kind)
         fast = net.greedy_tokens(h)
-        assert net._fast_head is not None
-        assert net._fast_head.kind == kind
-        monkeypatch.setattr(model_mod, "head_kind", lambda: None)
+        assert net._greedy.head is not None
+        assert net._greedy.head.kind == kind
+        monkeypatch.setattr(greedy_head, "head_kind", lambda: None)
         plain = net.greedy_tokens(h)
         want = net.logits(h).argmax(-1)
     assert torch.equal(plain, want)

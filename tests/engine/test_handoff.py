@@ -1,6 +1,7 @@
 """Prefill -> decode handoff: a request prefilled in one worker's pool and continued in
 another's (different slot, different blocks, through the wire format) generates exactly what
-one engine generates alone."""
+one engine generates alone; a record that does not fit the pool, or was damaged, is refused
+without leaking anything."""
 
 from __future__ import annotations
 
@@ -9,11 +10,12 @@ import dataclasses
 import numpy as np
 import pytest
 from deepring import LLM, SamplingParams
+from deepring.cache.transfer import HEADER_BYTES, NO_TENSORS, CacheState, fingerprint
 from deepring.config import EngineSpec
+from deepring.core.build import build_engine
+from deepring.core.engine import EngineCore
 from deepring.ipc import codec
 from deepring.ipc.messages import Handoff
-from deepring.worker.core import WorkerEngine
-from deepring.worker.handoff import CacheState, layout_of
 
 SPEC = EngineSpec(model="tiny", max_model_len=512, max_num_seqs=4, max_num_batched_tokens=96)
 
@@ -25,14 +27,14 @@ def llm(deepring_cache_dir):
 
 @pytest.fixture(scope="module")
 def engines(deepring_cache_dir):
-    return WorkerEngine(SPEC), WorkerEngine(SPEC)
+    return build_engine(SPEC).engine, build_engine(SPEC).engine
 
 
 def _prompt(n: int, salt: int = 0) -> list[int]:
     return [(31 * j + 7 * salt) % 120000 + 3 for j in range(n)]
 
 
-def _prefill(eng: WorkerEngine, rid: int, prompt: list[int], params: SamplingParams):
+def _prefill(eng: EngineCore, rid: int, prompt: list[int], params: SamplingParams):
     req = eng.add(rid, prompt, params, params.seed or 0)
     while not req.output_ids:
         eng.step()
@@ -46,18 +48,16 @@ def _through_the_wire(req, state: CacheState) -> Handoff:
         prompt_len=len(req.prompt_ids),
         num_cached=req.num_cached,
         cache_hit=0,
-        sampling={},
+        sampling=req.params,
         seed=req.seed,
         decode_gen=1,
-        layout=state.layout,
-        num_blocks=state.num_blocks,
         slot_state=state.slot_state,
         block_state=state.block_state,
     )
     return codec.decode_strict([bytes(f) for f in codec.encode(msg)])
 
 
-def _decode(eng: WorkerEngine, req):
+def _decode(eng: EngineCore, req):
     while not req.finished:
         eng.step()
     return req.output_ids
@@ -90,9 +90,9 @@ def test_handoff_continues_exactly(engines, llm, n, params):
             msg.token_ids.tolist(),
             msg.prompt_len,
             msg.num_cached,
-            params,
+            msg.sampling,
             msg.seed,
-            CacheState(msg.layout, msg.num_blocks, msg.slot_state, msg.block_state),
+            CacheState(msg.slot_state, msg.block_state),
         )
         assert got.slot != busy_slot
         assert not set(got.blocks) & set(busy_blocks)
@@ -115,35 +115,47 @@ def test_a_handoff_that_does_not_fit_is_refused(engines):
         return dec.admit(2, ids, len(req.prompt_ids), req.num_cached, params, 0, st)
 
     free = dec.blocks.num_free, dec.slots.num_free
+    fp_at = 4 + 2 + 1  # magic, format version, kind: then the layout fingerprint
+
+    def damaged(buf, at: int) -> bytes:
+        b = bytearray(buf)
+        b[at] ^= 0xFF
+        return bytes(b)
+
     with pytest.raises(ValueError, match="layout"):
-        admit(dataclasses.replace(state, layout="0000000000000000"))
-    with pytest.raises(ValueError, match="slot state has"):
+        admit(dataclasses.replace(state, block_state=damaged(state.block_state, fp_at)))
+    with pytest.raises(ValueError, match="checksum"):
+        admit(dataclasses.replace(state, slot_state=damaged(state.slot_state, HEADER_BYTES + 9)))
+    with pytest.raises(ValueError, match="payload bytes"):
         admit(dataclasses.replace(state, slot_state=bytes(state.slot_state)[:-4]))
+    with pytest.raises(ValueError, match="not a cache state record"):
+        admit(dataclasses.replace(state, slot_state=damaged(state.slot_state, 0)))
+    other = pre.export(_prefill(pre, 3, _prompt(300), params))  # 3 blocks, not 1
+    pre.abort(3)
     with pytest.raises(ValueError, match="cannot fill"):
-        admit(dataclasses.replace(state, num_blocks=2))
+        admit(dataclasses.replace(state, block_state=other.block_state))
     assert (dec.blocks.num_free, dec.slots.num_free) == free  # nothing leaked
     assert 2 not in dec.requests
 
 
-def test_layout_names_the_pool_shape(engines):
+def test_fingerprint_names_the_pool_shape(engines):
     pre, _ = engines
-    assert layout_of(pre.pool) == layout_of(pre.pool)
-    other = WorkerEngine(dataclasses.replace(SPEC, dtype="bfloat16", max_num_seqs=1))
-    assert layout_of(other.pool) != layout_of(pre.pool)
-    assert layout_of(None) == "none"
+    assert fingerprint(pre.pool) == fingerprint(pre.pool)
+    other = build_engine(dataclasses.replace(SPEC, dtype="bfloat16", max_num_seqs=1)).engine
+    assert fingerprint(other.pool) != fingerprint(pre.pool)
+    assert fingerprint(None) == NO_TENSORS
 
 
 def test_zero_cost_handoff_moves_no_tensors(deepring_cache_dir):
     spec = dataclasses.replace(SPEC, zero_cost=True)
-    alone, pre, dec = WorkerEngine(spec), WorkerEngine(spec), WorkerEngine(spec)
+    alone, pre, dec = (build_engine(spec).engine for _ in range(3))
     params = SamplingParams(max_tokens=20)
     prompt = _prompt(150)
     want = _decode(alone, alone.add(1, prompt, params, 77))
     req = _prefill(pre, 1, prompt, SamplingParams(max_tokens=20, seed=77))
     state = pre.export(req)
     pre.finish(req, "handoff")
-    assert state.layout == "none"
-    assert bytes(state.slot_state) == b""
+    assert len(state.slot_state) == len(state.block_state) == HEADER_BYTES  # headers only
     got = dec.admit(1, req.prompt_ids + req.output_ids, 150, 150, params, 77, state)
     assert _decode(dec, got) == want
     assert len(want) == 20

@@ -10,8 +10,8 @@ import socket
 import threading
 
 import pytest
-from deepring.frontend.errors import error_body
 from deepring.frontend.http import HttpRequest, HttpServer
+from deepring.protocol.errors import error_body
 
 LIMIT = 4096
 

@@ -266,11 +266,11 @@ def test_sinkhorn_is_doubly_stochastic_and_equals_plain_loop(rows):
 
 @pytest.mark.parametrize("full_rows", [0, 16], ids=["tiles", "one-gemm"])
 def test_greedy_tokens_equal_argmax_of_logits(monkeypatch, full_rows):
-    from deepring.model import model as model_mod
+    from deepring.kernels import greedy_head
     from v4_helpers import model_config, ours
 
-    monkeypatch.setattr(model_mod, "_GREEDY_TILE", 100)  # several tiles over a 512 vocabulary
-    monkeypatch.setattr(model_mod, "_GREEDY_FULL_ROWS", full_rows)
+    monkeypatch.setattr(greedy_head, "GREEDY_TILE", 100)  # several tiles over a 512 vocabulary
+    monkeypatch.setattr(greedy_head, "GREEDY_FULL_ROWS", full_rows)
     m = ours(model_config("hca-bootstrap"), seed=6)
     h = torch.randn(
         7, m.config.hc_mult, m.config.hidden_size, generator=torch.Generator().manual_seed(0)

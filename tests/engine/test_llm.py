@@ -11,7 +11,7 @@ import pytest
 from deepring import LLM, SamplingParams
 from deepring.model.config import CSA, HASH_MOE, HCA, MOE, SLIDING
 from deepring.model.tiny import tiny_model_dir
-from deepring.tokenizer import build_v41_tokenizer_json
+from deepring.protocol.tokenizer import build_v41_tokenizer_json
 
 
 @pytest.fixture(scope="module")
@@ -127,11 +127,11 @@ def test_stop_token_ids_and_eos(llm):
 def test_bad_prompts_are_rejected(llm, prompt, match):
     with pytest.raises(ValueError, match=match):
         llm.generate([[5, 6, 7], prompt], SamplingParams(max_tokens=4))
-    assert not llm.engine.has_unfinished  # the good prompt before it was withdrawn too
+    assert not llm.engine.has_work  # the good prompt before it was withdrawn too
 
 
 CHAT = {
-    "model": "DeepSeek-V4.1-Flash",
+    "model": "tiny",
     "messages": [
         {"role": "system", "content": "Be brief."},
         {"role": "user", "content": "What is 2+2?"},
@@ -139,18 +139,19 @@ CHAT = {
 }
 
 
-def test_chat_glue_against_the_official_recipe(v41_tokenizer_path):
-    """The chat path's calls, run against deepseek-recipe 0.2.0 (the API ours mirrors), checked
-    against rendering the prompt and encoding its pieces with Hugging Face tokenizers."""
-    deepseek_recipe = pytest.importorskip("deepseek_recipe")
-    from deepring.chat import encode_chat_request
+def _official_ids(body: dict, fmt: str, tokenizer_path) -> list[int]:
+    """The official library's rendering of `body` with the V4 or V4.1 template, each special
+    range and plain segment encoded by Hugging Face tokenizers (the independent reference)."""
+    official = pytest.importorskip("deepseek_recipe")
     from tokenizers import Tokenizer as HFTokenizer
 
-    tok = deepseek_recipe.Tokenizer.from_file(str(v41_tokenizer_path))
-    ids = encode_chat_request(CHAT, tok, recipe=deepseek_recipe)
-    conv = deepseek_recipe.ChatCompletionRequest(CHAT).convert(deepseek_recipe.ConversionOptions())
-    rendered = deepseek_recipe.DeepseekV41Encoding().render_conversation(conv.conversation)
-    hf = HFTokenizer.from_file(str(v41_tokenizer_path))
+    v4 = fmt == "deepseek_v4"
+    version = official.ModelVersion.DeepseekV4Pro if v4 else official.ModelVersion.DeepseekV41Flash
+    options = official.ConversionOptions().with_model_alias(body["model"], version)
+    conv = official.ChatCompletionRequest(body).convert(options)
+    encoding = official.DeepseekV4Encoding() if v4 else official.DeepseekV41Encoding()
+    rendered = encoding.render_conversation(conv.conversation)
+    hf = HFTokenizer.from_file(str(tokenizer_path))
     want, pos = [], 0
     for a, b in [*rendered.special_ranges, (len(rendered.prompt), len(rendered.prompt))]:
         if a > pos:
@@ -158,24 +159,32 @@ def test_chat_glue_against_the_official_recipe(v41_tokenizer_path):
         if b > a:
             want.append(hf.token_to_id(rendered.prompt[a:b]))
         pos = b
-    assert ids == want
     assert "What is 2+2?" in rendered.prompt
+    return want
 
 
-def test_chat_body_prompt_matches_official_rendering(llm):
-    deepseek_recipe = pytest.importorskip("deepseek_recipe")
+@pytest.mark.parametrize("fmt", ["deepseek_v4", "deepseek_v41"])
+def test_protocol_layer_encodes_as_the_official_recipe_renders(v41_tokenizer_path, fmt):
+    from deepring.protocol.formats import PromptFormat
+    from deepring.protocol.prepare import CHAT as CHAT_API
+    from deepring.protocol.prepare import Recipe
+
+    recipe = Recipe(v41_tokenizer_path, ["tiny"], PromptFormat(fmt))
+    assert recipe.encode(CHAT_API, CHAT) == _official_ids(CHAT, fmt, v41_tokenizer_path)
+
+
+def test_chat_body_renders_with_the_model_family_template(llm):
+    # tiny is a deepseek_v4 checkpoint: its chat prompts use the V4 template.
     out = llm.generate(CHAT, SamplingParams(temperature=0, max_tokens=3))[0]
-    tok = deepseek_recipe.Tokenizer.from_file(str(tiny_model_dir() / "tokenizer.json"))
-    conv = deepseek_recipe.ChatCompletionRequest(CHAT).convert(deepseek_recipe.ConversionOptions())
-    want = deepseek_recipe.DeepseekV41Encoding().with_tokenizer(tok).encode(conv.conversation)
-    assert out.prompt_token_ids == want
+    tok = tiny_model_dir() / "tokenizer.json"
+    assert out.prompt_token_ids == _official_ids(CHAT, "deepseek_v4", tok)
 
 
-def test_chat_body_naming_the_engine_model_and_bad_bodies(llm):
-    tiny = llm.generate({**CHAT, "model": "tiny"}, SamplingParams(temperature=0, max_tokens=2))
-    named = llm.generate(CHAT, SamplingParams(temperature=0, max_tokens=2))
-    assert tiny[0].prompt_token_ids == named[0].prompt_token_ids
-    with pytest.raises(ValueError, match="chat request rejected"):
-        llm.generate({**CHAT, "model": "gpt-4"}, SamplingParams(max_tokens=2))
+def test_chat_body_must_name_the_model_and_bad_bodies_are_rejected(llm):
+    out = llm.generate(CHAT, SamplingParams(temperature=0, max_tokens=2))[0]
+    assert out.finish_reason == "length"
+    for name in ("gpt-4", "DeepSeek-V4.1-Flash", "DeepSeek-V4-Pro"):
+        with pytest.raises(ValueError, match=r"chat request rejected.*tiny"):
+            llm.generate({**CHAT, "model": name}, SamplingParams(max_tokens=2))
     with pytest.raises(ValueError, match="invalid request body"):
         llm.generate({"model": "tiny", "messages": "nope"}, SamplingParams(max_tokens=2))

@@ -20,12 +20,13 @@ from deepring.ipc.messages import (
     Submit,
     Tokens,
 )
+from deepring.sampling.params import SamplingParams
 
 SAMPLES = [
     Submit(
         rid=7,
         prompt_ids=np.array([0, 128803, 6366, 128804], dtype=np.int32),
-        sampling={"temperature": 0.7, "top_p": 0.95, "max_tokens": 64, "seed": None},
+        sampling=SamplingParams(temperature=0.7, top_p=0.95, max_tokens=64),
         seed=2**63 - 1,
         decode_worker="decode-1",
         decode_gen=123456789,
@@ -37,11 +38,9 @@ SAMPLES = [
         prompt_len=299,
         num_cached=299,
         cache_hit=128,
-        sampling={"temperature": 0.0, "max_tokens": 16, "stop_token_ids": [1, 2]},
+        sampling=SamplingParams(temperature=0.0, max_tokens=16, stop_token_ids=(1, 2), seed=9),
         seed=5,
         decode_gen=9,
-        layout="0123456789abcdef",
-        num_blocks=3,
         slot_state=bytes(range(256)) * 4,
         block_state=b"\x00\xff" * 1000,
     ),
@@ -135,6 +134,19 @@ def _header(msg) -> dict:
         ([msgpack.packb({"t": "abort", "v": 1, "rids": [1]})], "missing field 'reason'"),
         ([msgpack.packb({"t": "abort", "v": 1, "rids": 5, "reason": "x"})], "expected list"),
         ([msgpack.packb({**_header(SAMPLES[5]), "gen": True})], "expected int"),
+        ([msgpack.packb({**_header(SAMPLES[0]), "sampling": 3})], "expected dict"),
+        (
+            [msgpack.packb({**_header(SAMPLES[0]), "sampling": {"temprature": 1.0}}), b""],
+            "unknown sampling fields",
+        ),
+        (
+            [msgpack.packb({**_header(SAMPLES[0]), "sampling": {"max_tokens": "5"}}), b""],
+            "bad sampling parameter max_tokens",
+        ),
+        (
+            [msgpack.packb({**_header(SAMPLES[0]), "sampling": {"top_p": 0.0}}), b""],
+            "top_p must be in",
+        ),
         ([codec.encode(SAMPLES[0])[0]], "0 payload frames, expected 1"),
         ([codec.encode(SAMPLES[0])[0], b"\x01\x02\x03"], "not a whole int32 array"),
     ],
@@ -146,6 +158,19 @@ def test_bad_messages_are_logged_and_dropped(frames, match, caplog):
         assert codec.decode(frames, "test-peer") is None
     assert "test-peer" in caplog.text
     assert match.split("'")[0] in caplog.text
+
+
+def test_sampling_travels_as_a_typed_map():
+    header = _header(SAMPLES[1])
+    assert header["sampling"]["stop_token_ids"] == [1, 2]
+    back = codec.decode_strict([bytes(f) for f in codec.encode(SAMPLES[1])])
+    assert back.sampling == SAMPLES[1].sampling
+    # A sender's integer temperature is a float once read.
+    raw = {**header, "sampling": {**header["sampling"], "temperature": 1}}
+    frames = [msgpack.packb(raw), *codec.encode(SAMPLES[1])[1:]]
+    got = codec.decode_strict([bytes(f) for f in frames]).sampling
+    assert got.temperature == 1.0
+    assert isinstance(got.temperature, float)
 
 
 def test_float_fields_accept_integers_on_the_wire():

@@ -20,8 +20,7 @@ from deepring import LLM, SamplingParams
 from deepring.config import EngineSpec, FrontendConfig, WorkerConfig
 from deepring.frontend.client import EngineClient
 from deepring.frontend.requests import Overloaded
-from deepring.frontend.supervisor import Supervisor
-from deepring.worker.roles import sampling_spec
+from deepring.launcher import Supervisor
 
 pytestmark = pytest.mark.slow
 
@@ -98,7 +97,7 @@ class Ring:
     def submit(self, prompt: list[int], params: SamplingParams, seed: int = 0):
         def go():
             sink = Collect(self.loop)
-            rid = self.client.submit(prompt, sampling_spec(params), seed, sink)
+            rid = self.client.submit(prompt, params, seed, sink)
             return rid, sink
 
         return self.call(go)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from deepring.router import Router, WorkerLoad
+from deepring.routing.router import Router, WorkerLoad
 
 
 def test_prefill_goes_to_the_least_work():

@@ -8,8 +8,8 @@ import math
 import pytest
 import torch
 from deepring.kernels.sampling import sample_torch
-from deepring.sampling import Sampler, SamplingParams, uniform
-from deepring.sampling.sampler import splitmix64
+from deepring.sampling.params import SamplingParams
+from deepring.sampling.sampler import Sampler, splitmix64, uniform
 
 
 def _logits(b: int, v: int, seed: int) -> torch.Tensor:

@@ -111,9 +111,8 @@ def hf_twin(model):
 
 def pool_for(model, num_blocks: int = 64, num_slots: int = 8, block_size: int = 16, **kw):
     return KVCachePool(
-        model.config,
+        model.config.cache_layout(model.dtype),
         CacheConfig(num_blocks=num_blocks, num_slots=num_slots, block_size=block_size, **kw),
-        model.dtype,
         model.device,
     )
 

@@ -1,4 +1,4 @@
-"""Cache tensors of a DeepSeek V4 model, shaped for serving.
+"""Cache tensors of a DeepSeek V4 model, shaped for serving from a CacheLayout.
 
 Per layer:
 - window ring `ring[slot, pos % ring_len]`: the last ring_len = W + B shared K=V vectors of each
@@ -19,7 +19,12 @@ from dataclasses import dataclass
 
 import torch
 
-from deepring.model.config import CSA, SLIDING, ModelConfig
+from deepring.cache.layout import CacheLayout
+
+# Which LayerCache tensors belong to a request's slot and which to its blocks, in the order
+# cache.transfer serialises them.
+SLOT_FIELDS = ("ring", "tail_kv", "tail_gate", "index_tail_kv", "index_tail_gate")
+BLOCK_FIELDS = ("comp", "index")
 
 
 @dataclass(frozen=True)
@@ -51,63 +56,54 @@ class LayerCache:
 
 class KVCachePool:
     def __init__(
-        self,
-        config: ModelConfig,
-        cache: CacheConfig,
-        dtype: torch.dtype,
-        device: torch.device | str = "cpu",
+        self, layout: CacheLayout, cache: CacheConfig, device: torch.device | str = "cpu"
     ) -> None:
-        if cache.block_size % config.min_block_size():
+        if cache.block_size % layout.min_block_size():
             raise ValueError(
                 f"block_size {cache.block_size} must be a multiple of every compress ratio "
-                f"({config.min_block_size()})"
+                f"({layout.min_block_size()})"
             )
-        self.config = config
+        self.layout = layout
         self.cache = cache
-        self.dtype = dtype
+        self.dtype = layout.dtype
         self.device = torch.device(device)
-        self.ring_len = config.sliding_window + cache.backtrack
-        hd, ihd = config.head_dim, config.index_head_dim
+        self.ring_len = layout.window + cache.backtrack
         self.layers: list[LayerCache] = []
-        for layer_type in list(config.layer_types) + list(config.mtp_layer_types):
-            ring = self._zeros(cache.num_slots, self.ring_len, hd)
-            if layer_type == SLIDING:
+        for lay in layout.layers:
+            ring = self._zeros(cache.num_slots, self.ring_len, lay.head_dim)
+            if not lay.compressed:
                 self.layers.append(LayerCache(ring=ring))
                 continue
-            m = config.compress_rate(layer_type)
-            epb = cache.block_size // m
-            overlap = layer_type == CSA
-            tail = 2 * m if overlap else m
-            width = 2 * hd if overlap else hd
+            epb = cache.block_size // lay.ratio
+            tail = (cache.num_slots, lay.tail_len, lay.tail_width)
             lc = LayerCache(
                 ring=ring,
-                ratio=m,
-                comp=self._zeros(cache.num_blocks, epb, hd),
-                tail_kv=self._zeros(cache.num_slots, tail, width),
-                tail_gate=self._zeros(cache.num_slots, tail, width),
+                ratio=lay.ratio,
+                comp=self._zeros(cache.num_blocks, epb, lay.head_dim),
+                tail_kv=self._zeros(*tail),
+                tail_gate=self._zeros(*tail),
             )
-            if overlap:
-                lc.index = self._zeros(cache.num_blocks, epb, ihd)
-                lc.index_tail_kv = self._zeros(cache.num_slots, tail, 2 * ihd)
-                lc.index_tail_gate = self._zeros(cache.num_slots, tail, 2 * ihd)
+            if lay.index_head_dim:
+                index_tail = (cache.num_slots, lay.tail_len, lay.index_tail_width)
+                lc.index = self._zeros(cache.num_blocks, epb, lay.index_head_dim)
+                lc.index_tail_kv = self._zeros(*index_tail)
+                lc.index_tail_gate = self._zeros(*index_tail)
             self.layers.append(lc)
 
     def _zeros(self, *shape: int) -> torch.Tensor:
         return torch.zeros(*shape, dtype=self.dtype, device=self.device)
 
+    def slot_tensors(self) -> list[torch.Tensor]:
+        """Every tensor indexed by slot (first axis), in serialisation order."""
+        return [t for lc in self.layers for f in SLOT_FIELDS if (t := getattr(lc, f)) is not None]
+
+    def block_tensors(self) -> list[torch.Tensor]:
+        """Every tensor indexed by block (first axis), in serialisation order."""
+        return [t for lc in self.layers for f in BLOCK_FIELDS if (t := getattr(lc, f)) is not None]
+
     def bytes_per_block(self) -> int:
         """Paged-cache bytes of one block over all layers."""
-        total = 0
-        for lc in self.layers:
-            for t in (lc.comp, lc.index):
-                if t is not None:
-                    total += t[0].numel() * t.element_size()
-        return total
+        return sum(t[0].numel() * t.element_size() for t in self.block_tensors())
 
     def bytes_per_slot(self) -> int:
-        total = 0
-        for lc in self.layers:
-            for t in (lc.ring, lc.tail_kv, lc.tail_gate, lc.index_tail_kv, lc.index_tail_gate):
-                if t is not None:
-                    total += t[0].numel() * t.element_size()
-        return total
+        return sum(t[0].numel() * t.element_size() for t in self.slot_tensors())

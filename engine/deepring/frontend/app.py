@@ -15,18 +15,23 @@ import time
 
 from deepring.config import FrontendConfig
 from deepring.frontend.client import EngineClient
-from deepring.frontend.errors import ApiError, error_body
 from deepring.frontend.http import HttpRequest
 from deepring.frontend.metrics import Metrics
-from deepring.frontend.protocols import CHAT, MESSAGES, RESPONSES, Api, Recipe
 from deepring.frontend.requests import Overloaded
 from deepring.frontend.stream import JsonSink, SseSink
+from deepring.protocol.errors import ApiError, error_body
+from deepring.protocol.formats import PromptFormat
+from deepring.protocol.prepare import CHAT, MESSAGES, RESPONSES, Api, Recipe
 
 log = logging.getLogger("deepring.frontend")
 
 # Bodies above this are converted and encoded on a worker thread (the Rust calls release the
 # GIL), so one long prompt does not stall every stream.
 _OFFLOAD_BYTES = 32 << 10
+
+# The output cap of requests without max_tokens when the model's output is not a trained
+# model's (tiny, dummy weights, zero-cost mode): long enough to see, short enough to wait for.
+CANNED_MAX_TOKENS = 256
 
 _GENERATE = {"/v1/chat/completions": CHAT, "/v1/responses": RESPONSES, "/v1/messages": MESSAGES}
 
@@ -55,7 +60,17 @@ class App:
             )
             return
         try:
-            self.recipe = Recipe(path, self.config.served_model_name)
+            fmt = PromptFormat.of_model_type(self.client.info("model_type") or "deepseek_v4")
+            # Where the output is not a trained model's, no reasoning that never ends and no
+            # answer that runs to the context length by default.
+            canned = bool(self.client.info("random_weights") or self.client.info("zero_cost"))
+            thinking = self.config.default_thinking
+            if thinking is None:
+                thinking = not canned
+            cap = self.config.default_max_tokens
+            if cap is None and canned:
+                cap = CANNED_MAX_TOKENS
+            self.recipe = Recipe(path, self.config.served_model_names, fmt, thinking, cap)
             self.recipe_error = None
         except (RuntimeError, ValueError, OSError) as e:
             self.recipe_error = str(e)
@@ -97,23 +112,20 @@ class App:
         if max_model_len is None:
             raise ApiError(503, "the server is starting", headers=[("retry-after", "2")])
 
-        def prepare():
-            cls, conv, model, extras = recipe.convert(api, req.body)
-            ids = recipe.encode(conv)
-            return recipe.finish(api, cls, conv, model, extras, ids, int(max_model_len))
-
+        limit = int(max_model_len)
         if len(req.body) > _OFFLOAD_BYTES:
-            prep = await asyncio.get_running_loop().run_in_executor(None, prepare)
+            loop = asyncio.get_running_loop()
+            prep = await loop.run_in_executor(None, recipe.prepare, api, req.body, limit)
         else:
-            prep = prepare()
+            prep = recipe.prepare(api, req.body, limit)
         if req.disconnected:
+            prep.processor.close()
             return
         eos = frozenset(self.client.info("eos_token_ids") or ())
         sink_cls = SseSink if prep.stream else JsonSink
-        sink = sink_cls(req, prep, eos, recipe.R)
-        sampling = {**prep.sampling, "top_k": -1, "ignore_eos": False}
+        sink = sink_cls(req, prep, eos)
         try:
-            rid = self.client.submit(prep.prompt_ids, sampling, prep.seed, sink)
+            rid = self.client.submit(prep.prompt_ids, prep.params, prep.seed, sink)
         except Overloaded as e:
             prep.processor.close()
             self.metrics.request_done("rejected")
@@ -129,18 +141,32 @@ class App:
 
     # ---- the rest ------------------------------------------------------------------------------
 
+    def description(self) -> str | None:
+        """What the served model is, as its workers report it (None before they do)."""
+        model = self.client.info("model")
+        if model is None:
+            return None
+        family = self.client.info("model_type")
+        if self.client.info("zero_cost"):
+            return f"{model}: zero-cost mode, canned tokens without a model (measures the server)"
+        if self.client.info("random_weights"):
+            return (
+                f"{model}: a {family} model with seeded random weights, for trying the server "
+                "out; its output is random tokens"
+            )
+        return f"{model}: a {family} checkpoint"
+
     def _models(self, req: HttpRequest) -> None:
+        card = {
+            "object": "model",
+            "created": self.started_at,
+            "owned_by": "deepring",
+            "max_model_len": self.client.info("max_model_len"),
+            "description": self.description(),
+        }
         body = {
             "object": "list",
-            "data": [
-                {
-                    "id": self.config.served_model_name,
-                    "object": "model",
-                    "created": self.started_at,
-                    "owned_by": "deepring",
-                    "max_model_len": self.client.info("max_model_len"),
-                }
-            ],
+            "data": [{"id": name, **card} for name in self.config.served_model_names],
         }
         req.respond(200, json.dumps(body).encode())
 

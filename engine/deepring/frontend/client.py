@@ -1,4 +1,4 @@
-"""The frontend's side of the rings: worker registry, routing, and each request's token stream.
+"""The frontend's side of the rings: sockets, requests, and each request's token stream.
 
 Everything runs on the frontend's event loop. The ROUTER socket's file descriptor is watched
 with add_reader; one wake-up drains every waiting message, gathers the new tokens per request,
@@ -10,7 +10,9 @@ A request's life: submit -> (queued while no worker of a role is ready) -> Submi
 prefill worker -> first token from prefill -> later tokens from decode, ordered by their
 output offsets (the two workers' messages may arrive in either order) -> finished, failed, or
 aborted. A worker that exits, stops answering heartbeats, or comes back as a new incarnation
-fails the requests it held, with a message saying which worker and why.
+fails the requests it held, with a message saying which worker and why. Which workers exist
+and how loaded they are is kept by the registry (routing.registry); this module tells it what
+happens and asks it where to send each request.
 """
 
 from __future__ import annotations
@@ -23,7 +25,6 @@ import os
 import random
 import time
 from collections import deque
-from dataclasses import dataclass, field
 
 import numpy as np
 import zmq
@@ -34,25 +35,13 @@ from deepring.frontend.requests import Overloaded, RequestState, Sink
 from deepring.ipc import sockets
 from deepring.ipc.codec import decode
 from deepring.ipc.messages import Abort, Health, Message, Shutdown, Stats, Submit, Tokens
-from deepring.router import Router, WorkerLoad
+from deepring.routing.registry import WorkerRegistry, WorkerState
+from deepring.sampling.params import SamplingParams
 
 log = logging.getLogger("deepring.frontend")
 
 # Messages taken per event-loop wake-up before giving HTTP I/O a turn.
 _READ_BUDGET = 256
-
-
-@dataclass(eq=False)
-class WorkerState:
-    id: str
-    role: str
-    gen: int
-    pid: int
-    info: dict
-    last_seen: float
-    load: WorkerLoad
-    stats: Stats | None = None
-    rids: set[int] = field(default_factory=set)
 
 
 class EngineClient:
@@ -62,15 +51,13 @@ class EngineClient:
         self.ctx = zmq.Context(io_threads=1)
         self.sock: zmq.Socket | None = None
         self.loop: asyncio.AbstractEventLoop | None = None
-        self.workers: dict[str, WorkerState] = {}
+        self.registry = WorkerRegistry(config.expect_prefill, config.expect_decode)
         self.requests: dict[int, RequestState] = {}
         self.queue: deque[RequestState] = deque()
-        self.router = Router()
         self.gen = random.SystemRandom().getrandbits(62) + 1
         # Request ids start at a random offset per frontend incarnation, so a restarted frontend
         # never reuses an id a worker may still hold from its predecessor.
         self._rids = itertools.count((self.gen & 0xFFFFFF) << 32)
-        self.seen_pids: set[int] = set()  # workers that announced themselves ready
         self._touched: list[RequestState] = []
         self._read_scheduled = False
         self._beat_handle: asyncio.TimerHandle | None = None
@@ -88,7 +75,8 @@ class EngineClient:
         self._schedule_read()
 
     async def wait_ready(self) -> None:
-        assert self._ready_event is not None, "start() first"
+        if self._ready_event is None:
+            raise RuntimeError("EngineClient.wait_ready before start()")
         await self._ready_event.wait()
 
     def close(self) -> None:
@@ -108,33 +96,23 @@ class EngineClient:
 
     # ---- state ---------------------------------------------------------------------------------
 
-    def ready_workers(self, role: str) -> list[WorkerState]:
-        return [w for w in self.workers.values() if w.role == role and w.load.ready]
+    @property
+    def workers(self) -> dict[str, WorkerState]:
+        return self.registry.workers
 
     @property
     def ready(self) -> bool:
-        return (
-            len(self.ready_workers("prefill")) >= self.config.expect_prefill
-            and len(self.ready_workers("decode")) >= self.config.expect_decode
-        )
-
-    @property
-    def capacity(self) -> int:
-        """Requests the ready decode workers can run at once."""
-        return sum(w.load.num_slots for w in self.ready_workers("decode"))
+        return self.registry.ready
 
     def info(self, key: str):
         """A fact every worker reports the same (max_model_len, tokenizer, eos ids, ...)."""
-        for w in self.workers.values():
-            if key in w.info:
-                return w.info[key]
-        return None
+        return self.registry.info(key)
 
     # ---- requests ------------------------------------------------------------------------------
 
-    def submit(self, prompt_ids: list[int], sampling: dict, seed: int, sink: Sink) -> int:
+    def submit(self, prompt_ids: list[int], params: SamplingParams, seed: int, sink: Sink) -> int:
         """Queue a request; its output goes to `sink`. Raises Overloaded when full."""
-        limit = self.capacity + self.config.max_queued_requests
+        limit = self.registry.capacity + self.config.max_queued_requests
         if len(self.requests) >= limit:
             raise Overloaded(
                 f"the server is at capacity ({len(self.requests)} requests in flight, "
@@ -145,7 +123,7 @@ class EngineClient:
         st = RequestState(
             rid=rid,
             prompt_ids=np.asarray(prompt_ids, dtype=np.int32),
-            sampling=sampling,
+            params=params,
             seed=seed,
             sink=sink,
             arrival=time.monotonic(),
@@ -171,15 +149,14 @@ class EngineClient:
 
     def _dispatch(self, st: RequestState) -> bool:
         n = len(st.prompt_ids)
-        pre = self.router.pick_prefill([w.load for w in self.ready_workers("prefill")], n)
-        dec = self.router.pick_decode([w.load for w in self.ready_workers("decode")], n)
-        if pre is None or dec is None:
+        pair = self.registry.route(n)
+        if pair is None:
             return False
-        p, d = self.workers[pre.worker], self.workers[dec.worker]
+        p, d = pair
         msg = Submit(
             rid=st.rid,
             prompt_ids=st.prompt_ids,
-            sampling=st.sampling,
+            sampling=st.params,
             seed=st.seed,
             decode_worker=d.id,
             decode_gen=d.gen,
@@ -188,12 +165,7 @@ class EngineClient:
         if not self._send(p.id, msg):
             return False
         st.prefill, st.decode, st.stage = p.id, d.id, "prefill"
-        p.rids.add(st.rid)
-        p.load.requests += 1
-        p.load.queued_tokens += n
-        d.rids.add(st.rid)
-        d.load.requests += 1
-        d.load.used_tokens += n
+        self.registry.assign(st.rid, n, p, d)
         return True
 
     def _dispatch_queued(self) -> None:
@@ -208,18 +180,7 @@ class EngineClient:
 
     def _release(self, st: RequestState) -> None:
         """Take a finished request off its workers' books."""
-        n = len(st.prompt_ids)
-        p = self.workers.get(st.prefill) if st.prefill else None
-        if p is not None and st.rid in p.rids:
-            p.rids.discard(st.rid)
-            p.load.requests -= 1
-            if st.stage == "prefill":
-                p.load.queued_tokens -= n
-        d = self.workers.get(st.decode) if st.decode else None
-        if d is not None and st.rid in d.rids:
-            d.rids.discard(st.rid)
-            d.load.requests -= 1
-            d.load.used_tokens -= n + st.received
+        self.registry.release(st.rid, len(st.prompt_ids), st.received, st.prefill, st.decode)
         if st.stage == "queued":
             with contextlib.suppress(ValueError):
                 self.queue.remove(st)
@@ -246,7 +207,7 @@ class EngineClient:
 
     def worker_lost(self, wid: str, why: str) -> None:
         """A worker is gone (exited, silent, or replaced): fail what it held."""
-        w = self.workers.pop(wid, None)
+        w = self.registry.remove(wid)
         if w is None:
             return
         log.warning("worker %s lost: %s", wid, why)
@@ -271,28 +232,11 @@ class EngineClient:
                     self._fail(st, f"{old.role} worker {wid} lost contact with the frontend")
             old.last_seen = time.monotonic()
             return
-        info = dict(msg.info)
-        role = info.get("role")
-        if role not in ("prefill", "decode"):
-            log.warning("worker %s announced an unknown role %r", wid, role)
+        try:
+            self.registry.add(wid, msg)
+        except ValueError as e:
+            log.warning("%s", e)
             return
-        load = WorkerLoad(
-            worker=wid,
-            num_slots=int(info.get("num_slots", 1)),
-            num_blocks=int(info.get("num_blocks", 1)),
-        )
-        if role == "decode" and "block_size" in info:
-            self.router.block_size = int(info["block_size"])
-        self.workers[wid] = WorkerState(
-            id=wid,
-            role=role,
-            gen=msg.gen,
-            pid=msg.pid,
-            info=info,
-            last_seen=time.monotonic(),
-            load=load,
-        )
-        self.seen_pids.add(msg.pid)
         log.info("worker %s ready (pid %d)", wid, msg.pid)
         if self.ready and self._ready_event is not None:
             self._ready_event.set()
@@ -300,10 +244,9 @@ class EngineClient:
 
     def _beat(self) -> None:
         now = time.monotonic()
+        for w in self.registry.silent(now, self.config.heartbeat_timeout):
+            self.worker_lost(w.id, f"sent no heartbeat for {now - w.last_seen:.0f}s")
         for w in list(self.workers.values()):
-            if now - w.last_seen > self.config.heartbeat_timeout:
-                self.worker_lost(w.id, f"sent no heartbeat for {now - w.last_seen:.0f}s")
-                continue
             self._send(
                 w.id,
                 Health(worker="frontend", gen=self.gen, state="alive", pid=os.getpid(), info={}),
@@ -394,12 +337,11 @@ class EngineClient:
             if st is None:
                 continue
             if st.stage == "prefill" and w.role == "prefill":
-                self._prefilled(st, w)
+                st.stage = "decode"  # the first token is in: the prompt is off w's queue
+                self.registry.prefilled(rid, len(st.prompt_ids), w)
             st.add(offset, chunk.tolist())
             st.received += count
-            d = self.workers.get(st.decode) if st.decode else None
-            if d is not None and rid in d.rids:
-                d.load.used_tokens += count
+            self.registry.grew(rid, st.decode, count)
             if not st.touched:
                 st.touched = True
                 touched.append(st)
@@ -418,14 +360,6 @@ class EngineClient:
             st = requests.get(rid)
             if st is not None:
                 self._fail(st, str(message))
-
-    def _prefilled(self, st: RequestState, w: WorkerState) -> None:
-        """The first token is in: the prompt is off the prefill worker's queue."""
-        st.stage = "decode"
-        if st.rid in w.rids:
-            w.rids.discard(st.rid)
-            w.load.requests -= 1
-            w.load.queued_tokens -= len(st.prompt_ids)
 
     def _deliver(self) -> None:
         if not self._touched:

@@ -7,6 +7,8 @@ from typing import Protocol
 
 import numpy as np
 
+from deepring.sampling.params import SamplingParams
+
 
 class Overloaded(Exception):
     """The request queue is full (HTTP 429)."""
@@ -34,7 +36,7 @@ class Sink(Protocol):
 class RequestState:
     rid: int
     prompt_ids: np.ndarray
-    sampling: dict
+    params: SamplingParams
     seed: int
     sink: Sink
     arrival: float

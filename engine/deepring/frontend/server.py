@@ -1,7 +1,8 @@
-"""Running the frontend: `deepring serve` (with local workers) and `deepring frontend`.
+"""Running the frontend: `deepring frontend`, and the frontend half of `deepring serve`.
 
 Start-up: bind the ring, listen on HTTP at once (/health answers 503 "starting" until every
-expected worker is ready), start the local workers, print one line when ready.
+expected worker is ready), start the local workers (when the launcher passes a way to), print
+one line when ready.
 SIGTERM / SIGINT: stop taking connections and requests (503), let in-flight requests finish
 for up to the drain timeout, end the rest with an error, stop the workers, exit 0.
 """
@@ -13,20 +14,33 @@ import logging
 import signal
 import sys
 import time
+from collections.abc import Callable
+from typing import Protocol
 
 import zmq
 
-from deepring.config import FrontendConfig, WorkerConfig
+from deepring.config import FrontendConfig
 from deepring.frontend.app import App
 from deepring.frontend.client import EngineClient
-from deepring.frontend.errors import error_body
 from deepring.frontend.http import HttpServer
 from deepring.frontend.metrics import Metrics
+from deepring.protocol.errors import error_body
 
 log = logging.getLogger("deepring.frontend")
 
 
-async def serve(config: FrontendConfig, workers: tuple[WorkerConfig, ...] = ()) -> int:
+class LocalWorkers(Protocol):
+    """Worker processes the frontend's host runs (the launcher's supervisor)."""
+
+    def start(self) -> None: ...
+    async def stop(self, timeout: float = 10.0) -> None: ...
+
+
+# (the ring client, a callback that stops the server with a message) -> the local workers.
+StartWorkers = Callable[[EngineClient, Callable[[str], None]], LocalWorkers]
+
+
+async def serve(config: FrontendConfig, start_workers: StartWorkers | None = None) -> int:
     loop = asyncio.get_running_loop()
     metrics = Metrics()
     client = EngineClient(config, metrics)
@@ -47,7 +61,7 @@ async def serve(config: FrontendConfig, workers: tuple[WorkerConfig, ...] = ()) 
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    supervisor = None
+    workers: LocalWorkers | None = None
     try:
         try:
             port = await http.start(config.host, config.port)
@@ -60,11 +74,9 @@ async def serve(config: FrontendConfig, workers: tuple[WorkerConfig, ...] = ()) 
             return 1
         url = f"http://{config.host}:{port}"
         print(f"deepring: listening on {url} (waiting for workers)", flush=True)
-        if workers:
-            from deepring.frontend.supervisor import Supervisor
-
-            supervisor = Supervisor(workers, client, on_fatal)
-            supervisor.start()
+        if start_workers is not None:
+            workers = start_workers(client, on_fatal)
+            workers.start()
         ready = asyncio.ensure_future(client.wait_ready())
         stopped = asyncio.ensure_future(stop.wait())
         await asyncio.wait({ready, stopped}, return_when=asyncio.FIRST_COMPLETED)
@@ -77,8 +89,8 @@ async def serve(config: FrontendConfig, workers: tuple[WorkerConfig, ...] = ()) 
             stopped.cancel()
         await _drain(app, client, http, config.drain_timeout if not fatal else 0.0)
     finally:
-        if supervisor is not None:
-            await supervisor.stop()
+        if workers is not None:
+            await workers.stop()
         http.close_all()
         client.close()
         for sig in (signal.SIGTERM, signal.SIGINT):
@@ -104,10 +116,10 @@ async def _drain(app: App, client: EngineClient, http: HttpServer, timeout: floa
     await asyncio.sleep(0.05)
 
 
-def run(config: FrontendConfig, workers: tuple[WorkerConfig, ...] = ()) -> int:
+def run(config: FrontendConfig, start_workers: StartWorkers | None = None) -> int:
     """Run the frontend (and its local workers) until SIGTERM; returns the exit code."""
     try:
         import uvloop
     except ImportError:  # uvloop is not available on every platform
-        return asyncio.run(serve(config, workers))
-    return uvloop.run(serve(config, workers))
+        return asyncio.run(serve(config, start_workers))
+    return uvloop.run(serve(config, start_workers))

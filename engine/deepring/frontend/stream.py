@@ -1,12 +1,10 @@
 """Where a request's tokens go: an SSE stream or an accumulated JSON response.
 
-Both push the engine's token ids through the request's StreamProcessor (decoding, reasoning /
-content / tool-call parsing, stop sequences all happen there) and either frame each event as
-SSE and write it, or accumulate the events into the protocol's response object. A batch of
-tokens is pushed as one chunk, so a busy frontend emits fewer, larger events.
-
-The engine stops on EOS and keeps the EOS token in its output; the protocol layer would print
-it as text, so it is dropped here.
+Both turn the engine's token ids into the request's protocol events (protocol.output: the
+StreamProcessor decodes, parses reasoning / content / tool calls, matches stop sequences) and
+either frame each event as SSE and write it, or accumulate the events into the protocol's
+response object. A batch of tokens is pushed as one chunk, so a busy frontend emits fewer,
+larger events.
 """
 
 from __future__ import annotations
@@ -15,47 +13,26 @@ import json
 import logging
 from typing import Any
 
-from deepring.frontend.errors import anthropic_error, openai_error
 from deepring.frontend.http import HttpRequest
-from deepring.frontend.protocols import MESSAGES, RESPONSES, Prepared
+from deepring.protocol.errors import anthropic_error, openai_error
+from deepring.protocol.output import ready_events, token_events
+from deepring.protocol.prepare import MESSAGES, RESPONSES, Prepared
 
 log = logging.getLogger("deepring.frontend")
 
 
 class _Base:
-    def __init__(self, http: HttpRequest, prep: Prepared, eos_ids: frozenset[int], R: Any) -> None:
+    def __init__(self, http: HttpRequest, prep: Prepared, eos_ids: frozenset[int]) -> None:
         self.http = http
         self.prep = prep
         self.eos_ids = eos_ids
-        self.R = R
         self.closed = False
 
     def _ready_events(self, cache_hit: int) -> list:
-        R = self.R
-        usage = R.PromptUsage(
-            prompt_tokens=len(self.prep.prompt_ids), prompt_cache_hit_tokens=cache_hit
-        )
-        return self.prep.processor.push(R.InferenceChunk.ready(prompt_usage=usage))
+        return ready_events(self.prep, cache_hit)
 
     def _token_events(self, ids: list[int], finish: str | None) -> tuple[list, bool]:
-        """Events for new tokens (and the end, with finish); True when the stream is over."""
-        R = self.R
-        proc = self.prep.processor
-        if finish == "stop" and ids and ids[-1] in self.eos_ids:
-            ids = ids[:-1]
-        events = proc.push(R.InferenceChunk.tokens(ids)) if ids else []
-        if proc.finished:  # a stop sequence matched: the processor ended the stream itself
-            return events, True
-        if finish is not None:
-            reason = (
-                R.InferenceFinishReason.Length
-                if finish == "length"
-                else R.InferenceFinishReason.Stop
-            )
-            events += proc.push(R.InferenceChunk.finish(reason))
-            events += proc.finish()
-            return events, True
-        return events, False
+        return token_events(self.prep, ids, finish, self.eos_ids)
 
 
 class SseSink(_Base):
@@ -63,7 +40,7 @@ class SseSink(_Base):
 
     def __init__(self, *args: Any) -> None:
         super().__init__(*args)
-        cls = self.prep.response_cls
+        cls = self.prep.api.response
         self._name = cls.sse_event_name
         done = cls.sse_done_data()
         self._done = f"data: {done}\n\n".encode() if done is not None else b""
@@ -143,7 +120,7 @@ class JsonSink(_Base):
 
     def start(self, cache_hit: int) -> None:
         p = self.prep
-        self.response = p.response_cls(
+        self.response = p.api.response(
             p.response_id, p.model, p.created, len(p.prompt_ids), cache_hit
         )
         try:

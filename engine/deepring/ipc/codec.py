@@ -45,6 +45,9 @@ def _spec(cls: type[Message]) -> tuple[list[tuple[str, tuple[type, ...]]], list[
         if kind is not None:
             frames.append((f.name, kind))
             continue
+        if f.metadata.get("struct") is not None:  # a typed map (to_wire / from_wire)
+            scalars.append((f.name, (dict,)))
+            continue
         base = str(f.type).split("[", 1)[0].strip()
         if base not in _SCALARS:
             raise TypeError(f"{cls.__name__}.{f.name}: unsupported wire type {f.type!r}")
@@ -53,8 +56,13 @@ def _spec(cls: type[Message]) -> tuple[list[tuple[str, tuple[type, ...]]], list[
 
 
 _REGISTRY: dict[str, tuple[type[Message], list, list]] = {}
+# Per message type: its struct fields and their classes.
+_STRUCTS: dict[str, dict[str, Any]] = {}
 for _cls in MESSAGE_TYPES:
     _REGISTRY[_cls.TYPE] = (_cls, *_spec(_cls))
+    _STRUCTS[_cls.TYPE] = {
+        f.name: f.metadata["struct"] for f in dataclasses.fields(_cls) if "struct" in f.metadata
+    }
 
 
 def _ids_buffer(value: Any) -> memoryview:
@@ -70,8 +78,10 @@ def encode(msg: Message) -> list[Any]:
     if type(msg) is not cls:
         raise MessageError(f"{type(msg).__name__} is not a registered message")
     header: dict[str, Any] = {"t": cls.TYPE, "v": cls.VERSION}
+    structs = _STRUCTS[cls.TYPE]
     for name, _ in scalars:
-        header[name] = getattr(msg, name)
+        value = getattr(msg, name)
+        header[name] = value.to_wire() if name in structs else value
     out: list[Any] = [msgpack.packb(header, use_bin_type=True)]
     for name, kind in frames:
         value = getattr(msg, name)
@@ -104,6 +114,11 @@ def decode_strict(frames: Sequence[Any]) -> Message:
         if not isinstance(value, types) or (types == (int,) and isinstance(value, bool)):
             raise MessageError(f"{tag}.{name}: expected {types[0].__name__}, got {value!r:.60}")
         kwargs[name] = float(value) if types == _SCALARS["float"] else value
+    for name, struct in _STRUCTS[tag].items():
+        try:
+            kwargs[name] = struct.from_wire(kwargs[name])
+        except ValueError as e:
+            raise MessageError(f"{tag}.{name}: {e}") from None
     if len(frames) != 1 + len(frame_fields):
         raise MessageError(f"{tag}: {len(frames) - 1} payload frames, expected {len(frame_fields)}")
     for (name, kind), frame in zip(frame_fields, frames[1:], strict=True):

@@ -1,10 +1,11 @@
-"""The messages on the rings. Schema version 1.
+"""The messages on the rings, each with its own schema version.
 
 On the wire a message is a ZeroMQ multipart message: frame 0 is a msgpack map with the type tag
 `t`, the schema version `v` and the scalar fields; every payload field (token ids, cache
 tensors) follows as its own raw frame, in declaration order, never inside msgpack and never
-pickled. Token ids travel as little-endian int32 arrays, cache state as raw bytes described by
-a layout fingerprint.
+pickled. Token ids travel as little-endian int32 arrays, cache state as cache.transfer records
+(header with layout fingerprint and checksum, then raw bytes). Sampling parameters travel as a
+typed map (SamplingParams.to_wire) and are validated on arrival.
 
 Who sends what:
 
@@ -24,6 +25,11 @@ from typing import ClassVar
 
 import numpy as np
 
+from deepring.sampling.params import SamplingParams
+
+# A typed map field: encoded with the class's to_wire, decoded (and validated) by from_wire.
+SAMPLING = {"struct": SamplingParams}
+
 # Payload kinds: "ids" is an int32 token-id array, "raw" opaque bytes.
 IDS = "ids"
 RAW = "raw"
@@ -40,9 +46,10 @@ class Submit(Message):
     """A new request for a prefill worker, with the decode worker it must hand off to."""
 
     TYPE: ClassVar[str] = "submit"
+    VERSION: ClassVar[int] = 2
     rid: int
     prompt_ids: np.ndarray = field(metadata={"frame": IDS})
-    sampling: dict  # SamplingParams fields
+    sampling: SamplingParams = field(metadata=SAMPLING)
     seed: int
     decode_worker: str
     decode_gen: int  # incarnation of that decode worker (stale handoffs are dropped)
@@ -55,20 +62,20 @@ class Handoff(Message):
 
     token_ids = prompt + the tokens sampled so far (the first one); the cache holds the first
     num_cached of them. slot_state is the request's window ring and compressor tails,
-    block_state its paged-cache blocks, both laid out as `layout` names (see worker.handoff).
+    block_state its paged-cache blocks: self-describing, checksummed records of
+    cache.transfer (which name the pool layout they fit).
     """
 
     TYPE: ClassVar[str] = "handoff"
+    VERSION: ClassVar[int] = 2
     rid: int
     token_ids: np.ndarray = field(metadata={"frame": IDS})
     prompt_len: int
     num_cached: int
     cache_hit: int
-    sampling: dict
+    sampling: SamplingParams = field(metadata=SAMPLING)
     seed: int
     decode_gen: int
-    layout: str
-    num_blocks: int
     slot_state: bytes = field(metadata={"frame": RAW})
     block_state: bytes = field(metadata={"frame": RAW})
 

@@ -18,7 +18,7 @@ from deepring.kernels.dispatch import parallel_threads, use_numba
 from deepring.kernels.greedy import quantize_rows_numba, settle_numba
 from deepring.kernels.hyper import hc_merge_numba, hc_pre_numba
 from deepring.kernels.indexer import indexer_topk_numba
-from deepring.kernels.moe import MoEPacked, moe_rows_numba, route_numba
+from deepring.kernels.moe_numba import MoEPacked, moe_rows_numba, route_numba
 from deepring.kernels.rmsnorm import rms_norm_numba
 from deepring.kernels.rope import apply_rope, norm_rope
 

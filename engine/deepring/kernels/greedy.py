@@ -1,4 +1,4 @@
-"""The greedy head's settling pass (model.greedy_head): from approximate bf16 logits and their
+"""The greedy head's settling pass (kernels.greedy_head): from approximate bf16 logits and their
 error bound, the exact fp32 argmax of each row.
 
 Token j can be the fp32 argmax only if approx_j + e_j >= best - e_best, where best is the row's
@@ -207,7 +207,7 @@ def settle_numba(
 def quantize_rows_torch(
     y: torch.Tensor, res_term: float, w_max: float
 ) -> tuple[torch.Tensor, float, torch.Tensor] | None:
-    """The int8 head's input (model.greedy_head): rows y [R, K] (fp32) as int8 q with one scale
+    """The int8 head's input (kernels.greedy_head): rows y [R, K] (fp32) as int8 q with one scale
     x, and each row's bound A = ||x q|| * res_term + ||y - x q|| * w_max. None when y holds a
     non-finite value (no bound holds)."""
     if not bool(torch.isfinite(y).all()):

@@ -8,9 +8,7 @@ import torch
 from torch import nn
 
 from deepring.cache.pool import LayerCache
-from deepring.kernels.attention_decode import DecodePlan, decode_attention, decode_plan
-from deepring.kernels.attention_prefill import prefill_attention
-from deepring.kernels.dispatch import use_triton
+from deepring.kernels.attention import AttentionParams, window_attention
 from deepring.kernels.rope import apply_rope, norm_rope
 from deepring.model.batch import ForwardBatch
 from deepring.model.compressor import Compressor
@@ -37,6 +35,7 @@ class Attention(nn.Module):
         self.o_a_proj = linear(h * hd // config.o_groups, config.o_groups * config.o_lora_rank)
         self.o_b_proj = linear(config.o_groups * config.o_lora_rank, d)
         self.sinks = nn.Parameter(torch.zeros(h, dtype=torch.float32))
+        self.scale = hd**-0.5
         self.compressor = (
             None if layer_type == SLIDING else Compressor(config, self.ratio, layer_type == CSA)
         )
@@ -62,67 +61,11 @@ class Attention(nn.Module):
         comp_idx = None
         if self.compressor is not None:
             comp_idx = self.compressor(proj[2:], q_proj[1:], batch, cache)
-        # Window ring: remember each request's latest positions for later steps. A decode step
-        # on the torch path writes it first, and its attention reads the new token from there.
-        rows, dest = batch.tail_rows(cache.ring.shape[1])
-        early = batch.is_decode and not use_triton(q)
-        if early:
-            cache.ring.view(-1, self.head_dim)[dest] = kv[rows].to(cache.ring.dtype)
-        out = self._attend(q, kv, batch, cache, comp_idx, early)
-        if not early:
-            cache.ring.view(-1, self.head_dim)[dest] = kv[rows].to(cache.ring.dtype)
+        params = AttentionParams(self.ratio, self.sinks, self.scale, self.window)
+        out = window_attention(q, kv, cache, comp_idx, params, batch)
 
         out = apply_rope(out, cos, sin, True, inplace=True, cis=batch.rope_cis(kind, True, 3))
         grouped = out.reshape(t, self.groups, -1)
         w = self.o_a_proj.weight.view(self.groups, -1, grouped.shape[-1])
         mixed = torch.bmm(grouped.transpose(0, 1), w.transpose(1, 2)).transpose(0, 1)
         return self.o_b_proj(mixed.reshape(t, -1))
-
-    def _decode_plan(
-        self, batch: ForwardBatch, cache: LayerCache, dense: bool, kv_in_ring: bool
-    ) -> DecodePlan:
-        """The batch's decode plan for this layer's shape, built by the first layer that asks."""
-        ring_len = cache.ring.shape[1]
-        comp = cache.comp
-        shape = (self.ratio, comp.shape[1]) if comp is not None and dense else None
-        lay = batch.layout
-        return batch.cached(
-            ("decode", ring_len, self.window, shape, kv_in_ring),
-            lambda: decode_plan(
-                lay.positions, lay.slots, lay.block_tables, ring_len, self.window, shape,
-                kv_in_ring,
-            ),
-        )  # fmt: skip
-
-    def _attend(
-        self,
-        q: torch.Tensor,
-        kv: torch.Tensor,
-        batch: ForwardBatch,
-        cache: LayerCache,
-        comp_idx: torch.Tensor | None,
-        kv_in_ring: bool,
-    ) -> torch.Tensor:
-        lay = batch.layout
-        scale = self.head_dim**-0.5
-        args = (self.ratio, self.sinks, scale, self.window)
-        if batch.is_decode:  # one row per request, in request order
-            return decode_attention(
-                q, kv, cache.ring, cache.comp, lay.positions, lay.slots, lay.block_tables,
-                comp_idx, *args,
-                plan=lambda: self._decode_plan(batch, cache, comp_idx is None, kv_in_ring),
-                kv_in_ring=kv_in_ring,
-            )  # fmt: skip
-        if use_triton(q) or not batch.decode_seqs:
-            return prefill_attention(q, kv, cache.ring, cache.comp, lay, comp_idx, *args)
-        # Mixed step on the torch path: batch the single-row requests, loop over the others.
-        out = prefill_attention(
-            q, kv, cache.ring, cache.comp, lay.subset(batch.prefill_seqs), comp_idx, *args
-        )
-        ds = batch.decode_seqs
-        rows = lay.offsets_t[ds]
-        out[rows] = decode_attention(
-            q[rows], kv[rows], cache.ring, cache.comp, lay.positions[rows], lay.slots[ds],
-            lay.block_tables[ds], None if comp_idx is None else comp_idx[rows], *args,
-        )  # fmt: skip
-        return out

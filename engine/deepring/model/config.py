@@ -9,10 +9,17 @@ Accepts both spellings that exist in the wild: the transformers-native one writt
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from deepring.cache.layout import CSA as CACHE_CSA
+from deepring.cache.layout import HCA as CACHE_HCA
+from deepring.cache.layout import SLIDING as CACHE_SLIDING
+from deepring.cache.layout import CacheLayout, LayerLayout, block_multiple
+
+if TYPE_CHECKING:
+    import torch
 
 SLIDING = "sliding_attention"
 CSA = "compressed_sparse_attention"
@@ -23,8 +30,9 @@ MOE = "moe"
 MLP_TYPES = (HASH_MOE, MOE)
 SCORING_FUNCS = ("sqrtsoftplus", "softmax", "sigmoid")
 
+MODEL_TYPE = "deepseek_v4"
 _DEFAULT_RATES = {CSA: 4, HCA: 128}
-_RATIO_TO_TYPE = {0: SLIDING, 4: CSA, 128: HCA}
+_CACHE_KIND = {SLIDING: CACHE_SLIDING, CSA: CACHE_CSA, HCA: CACHE_HCA}
 
 
 @dataclass(frozen=True)
@@ -104,6 +112,11 @@ class ModelConfig:
 
     # ---- derived -------------------------------------------------------------------------------
 
+    @property
+    def model_type(self) -> str:
+        """The checkpoint family, which also names its prompt template (protocol.formats)."""
+        return MODEL_TYPE
+
     def compress_rate(self, layer_type: str) -> int:
         """Tokens per compressed entry (0 for sliding-only layers)."""
         return 0 if layer_type == SLIDING else dict(self.compress_rates)[layer_type]
@@ -118,11 +131,21 @@ class ModelConfig:
 
     def min_block_size(self) -> int:
         """Smallest cache block length every compressed layer divides evenly."""
-        out = 1
-        for r in self.layer_ratios:
-            if r:
-                out = out * r // math.gcd(out, r)
-        return out
+        return block_multiple(self.layer_ratios)
+
+    def cache_layout(self, dtype: torch.dtype) -> CacheLayout:
+        """What this model caches per layer (backbone, then MTP layers), stored as `dtype`."""
+        layers = []
+        for t in list(self.layer_types) + list(self.mtp_layer_types):
+            layers.append(
+                LayerLayout(
+                    kind=_CACHE_KIND[t],
+                    ratio=self.compress_rate(t),
+                    head_dim=self.head_dim,
+                    index_head_dim=self.index_head_dim if t == CSA else 0,
+                )
+            )
+        return CacheLayout(layers=tuple(layers), window=self.sliding_window, dtype=dtype)
 
     # ---- (de)serialisation ---------------------------------------------------------------------
 
@@ -131,8 +154,8 @@ class ModelConfig:
         if "text_config" in d and "hidden_size" not in d:
             d = d["text_config"]
         mt = d.get("model_type")
-        if mt is not None and mt != "deepseek_v4":
-            raise ValueError(f"unsupported model_type {mt!r}: this engine implements deepseek_v4")
+        if mt is not None and mt != MODEL_TYPE:
+            raise ValueError(f"unsupported model_type {mt!r}: this engine implements {MODEL_TYPE}")
         try:
             n = int(d["num_hidden_layers"])
             head_dim = int(d["head_dim"])
@@ -287,7 +310,7 @@ class ModelConfig:
             d.pop(k)
         d["dtype"] = d.pop("torch_dtype")
         d.update(
-            model_type="deepseek_v4",
+            model_type=MODEL_TYPE,
             architectures=["DeepseekV4ForCausalLM"],
             layer_types=list(self.layer_types),
             mlp_layer_types=list(self.mlp_layer_types),

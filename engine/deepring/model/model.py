@@ -13,9 +13,9 @@ import torch
 from torch import nn
 
 from deepring.cache.pool import KVCachePool
+from deepring.kernels.greedy_head import GreedyArgmax
 from deepring.model.batch import ForwardBatch
 from deepring.model.config import ModelConfig
-from deepring.model.greedy_head import GreedyHead, head_kind
 from deepring.model.hc import HyperHead
 from deepring.model.layer import DecoderLayer
 from deepring.model.mtp import MTPLayer
@@ -44,12 +44,6 @@ class StepOutput:
     greedy: torch.Tensor | None = None  # [R] argmax token ids, when asked for instead of logits
 
 
-# Vocabulary tile of the greedy path: a tile's logits stay in cache while its max is taken.
-_GREEDY_TILE = 16384
-# Up to this many rows the whole logits matrix is small and one GEMM is faster than tiles.
-_GREEDY_FULL_ROWS = 16
-
-
 class DeepseekV4(nn.Module):
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
@@ -58,7 +52,7 @@ class DeepseekV4(nn.Module):
         self.lm_head = linear(config.hidden_size, config.vocab_size)
         self.mtp = nn.ModuleList(MTPLayer(config, lt) for lt in config.mtp_layer_types)
         self._rope: RopeTables | None = None
-        self._fast_head: GreedyHead | None = None
+        self._greedy = GreedyArgmax()
 
     def rope_tables(self) -> RopeTables:
         dev = self.lm_head.weight.device
@@ -78,45 +72,14 @@ class DeepseekV4(nn.Module):
         y = self.model.norm(self.model.hc_head(h))
         return self.lm_head(y).float()
 
-    def _low_precision_head(self) -> GreedyHead | None:
-        """The int8 or bf16 head (model.greedy_head), which beats the fp32 GEMM from one row on
-        for an fp32 weight on a CPU with native int8 or bf16 GEMMs; None elsewhere."""
-        w = self.lm_head.weight
-        if w.dtype != torch.float32 or w.device.type != "cpu":
-            return None
-        kind = head_kind()
-        if kind is None:
-            return None
-        if self._fast_head is None or self._fast_head.kind != kind:
-            self._fast_head = GreedyHead(kind)
-        return self._fast_head
-
     def prepare_greedy_head(self) -> None:
-        """Build the low-precision head's weight copy now (~0.1 s for a 129k vocabulary) rather
-        than in the first batched greedy step."""
-        head = self._low_precision_head()
-        if head is not None:
-            head.prepare(self.lm_head.weight)
+        """Build the greedy head's low-precision weight copy now, not in the first greedy step."""
+        self._greedy.prepare(self.lm_head.weight)
 
     def greedy_tokens(self, h: torch.Tensor) -> torch.Tensor:
-        """argmax of the logits (first maximum), without materialising the whole logits matrix:
-        the LM head runs tile by tile over the vocabulary with a running maximum."""
+        """argmax of the logits (first maximum), without materialising the whole logits matrix."""
         y = self.model.norm(self.model.hc_head(h))
-        w = self.lm_head.weight
-        head = self._low_precision_head() if y.shape[0] else None
-        if head is not None:
-            return head.argmax(y, w)
-        if y.shape[0] <= _GREEDY_FULL_ROWS:
-            # Few rows: one mat-vec over the whole vocabulary beats tiles (measured on CPU).
-            return torch.nn.functional.linear(y, w).float().argmax(-1)
-        best_v = torch.full((y.shape[0],), float("-inf"), device=y.device)
-        best_i = torch.zeros(y.shape[0], dtype=torch.long, device=y.device)
-        for start in range(0, w.shape[0], _GREEDY_TILE):
-            v, i = torch.nn.functional.linear(y, w[start : start + _GREEDY_TILE]).float().max(-1)
-            better = v > best_v  # strict: an earlier tile keeps ties (first maximum wins)
-            best_v = torch.where(better, v, best_v)
-            best_i = torch.where(better, i + start, best_i)
-        return best_i
+        return self._greedy(y, self.lm_head.weight)
 
     @torch.inference_mode()
     def forward(

@@ -16,7 +16,7 @@ import torch
 
 from deepring import env
 from deepring.model.config import CSA, HASH_MOE, HCA, MOE, SLIDING, ModelConfig
-from deepring.tokenizer import write_v41_tokenizer
+from deepring.protocol.tokenizer import write_v41_tokenizer
 
 TINY_SEED = 0
 # Bump when the generator below changes, so stale caches are not reused.

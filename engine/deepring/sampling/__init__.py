@@ -1,6 +1,6 @@
-"""Sampling parameters and the deterministic sampler."""
+"""Sampling: the per-request parameters (params, torch-free: the frontend and the rings use
+them) and the deterministic, batch-invariant sampler (sampler, over kernels.sampling)."""
 
 from deepring.sampling.params import SamplingParams
-from deepring.sampling.sampler import Sampler, uniform
 
-__all__ = ["Sampler", "SamplingParams", "uniform"]
+__all__ = ["SamplingParams"]

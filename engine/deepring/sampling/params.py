@@ -2,7 +2,23 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, fields
+from typing import Any
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+_WIRE_TYPES = {
+    "temperature": lambda v: _is_int(v) or isinstance(v, float),
+    "top_p": lambda v: _is_int(v) or isinstance(v, float),
+    "top_k": _is_int,
+    "seed": lambda v: v is None or _is_int(v),
+    "max_tokens": _is_int,
+    "stop_token_ids": lambda v: isinstance(v, tuple) and all(_is_int(t) for t in v),
+    "ignore_eos": lambda v: isinstance(v, bool),
+}
 
 
 @dataclass(frozen=True)
@@ -43,3 +59,30 @@ class SamplingParams:
     @property
     def greedy(self) -> bool:
         return self.temperature == 0
+
+    def to_wire(self) -> dict[str, Any]:
+        """The fields as a msgpack-able map (how Submit and Handoff carry them)."""
+        d = asdict(self)
+        d["stop_token_ids"] = list(self.stop_token_ids)
+        return d
+
+    @classmethod
+    def from_wire(cls, d: dict[str, Any]) -> SamplingParams:
+        """The inverse of to_wire; ValueError for unknown, missing or bad fields."""
+        names = {f.name for f in fields(cls)}
+        unknown = set(d) - names
+        if unknown:
+            raise ValueError(f"unknown sampling fields {sorted(unknown)}")
+        d = dict(d)
+        if isinstance(d.get("stop_token_ids"), list):
+            d["stop_token_ids"] = tuple(d["stop_token_ids"])
+        for name, value in d.items():
+            if not _WIRE_TYPES[name](value):
+                raise ValueError(f"bad sampling parameter {name}={value!r:.40}")
+        for name in ("temperature", "top_p"):  # msgpack keeps 1.0 a float; a sender may send 1
+            if name in d:
+                d[name] = float(d[name])
+        try:
+            return cls(**d)
+        except TypeError as e:
+            raise ValueError(f"bad sampling parameters: {e}") from None

@@ -18,8 +18,8 @@ import logging
 import os
 import random
 import signal
-import sys
 import time
+from typing import TYPE_CHECKING
 
 import zmq
 
@@ -28,17 +28,33 @@ from deepring.config import WorkerConfig
 from deepring.ipc import sockets
 from deepring.ipc.codec import decode
 from deepring.ipc.messages import Handoff, Health, Message, Shutdown, Stats
+from deepring.logs import setup_logging
+
+if TYPE_CHECKING:
+    from deepring.core.build import BuiltEngine
 
 log = logging.getLogger("deepring.worker")
 
 
-def setup_logging(name: str) -> None:
-    logging.basicConfig(
-        level=env.log_level(),
-        format=f"%(asctime)s {name} %(levelname)s %(message)s",
-        stream=sys.stderr,
-        force=True,
-    )
+def engine_info(config: WorkerConfig, built: BuiltEngine) -> dict:
+    """What a worker tells the frontend when it is ready: limits, tokenizer, model family."""
+    spec, eng = config.engine, built.engine
+    tok = built.tokenizer_file
+    return {
+        "role": config.role,
+        "handoff_addr": config.advertised_handoff,
+        "model": spec.model,
+        "model_type": built.config.model_type,
+        "random_weights": built.random_weights,
+        "zero_cost": spec.zero_cost,
+        "max_model_len": eng.max_model_len,
+        "vocab_size": eng.vocab_size,
+        "eos_token_ids": sorted(eng.eos_token_ids),
+        "num_slots": eng.slots.num_slots,
+        "num_blocks": spec.total_blocks,
+        "block_size": eng.block_size,
+        "tokenizer": str(tok) if tok is not None else None,
+    }
 
 
 class WorkerLink:
@@ -106,15 +122,15 @@ def run_worker(config: WorkerConfig) -> int:
     """Entry point of a prefill or decode process."""
     setup_logging(config.worker_id)
     stop = _StopFlag(supervised=config.parent_pid is not None)
-    from deepring.worker.core import WorkerEngine
+    from deepring.core.build import build_engine
     from deepring.worker.roles import DecodeRole, PrefillRole
 
-    engine = WorkerEngine(config.engine)
+    built = build_engine(config.engine)
     link = WorkerLink(config)
     gen = random.SystemRandom().getrandbits(62) + 1
     role_cls = PrefillRole if config.role == "prefill" else DecodeRole
-    role = role_cls(engine, link, config.worker_id, gen)
-    info = {**engine.info(), "role": config.role, "handoff_addr": config.advertised_handoff}
+    role = role_cls(built.engine, link, config.worker_id, gen)
+    info = engine_info(config, built)
     pid = os.getpid()
 
     def health(state: str) -> None:

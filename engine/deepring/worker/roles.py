@@ -22,10 +22,9 @@ from typing import Any, Protocol
 import numpy as np
 import zmq
 
+from deepring.cache.transfer import CacheState
+from deepring.core.engine import EngineCore
 from deepring.ipc.messages import Abort, Handoff, Message, Submit, Tokens
-from deepring.sampling.params import SamplingParams
-from deepring.worker.core import WorkerEngine
-from deepring.worker.handoff import CacheState
 
 log = logging.getLogger("deepring.worker")
 
@@ -37,33 +36,6 @@ _ABORTED_MEMORY = 65536
 class Link(Protocol):
     def to_frontend(self, msg: Message) -> None: ...
     def handoff(self, addr: str, msg: Handoff) -> None: ...
-
-
-def sampling_params(spec: dict[str, Any]) -> SamplingParams:
-    """SamplingParams from a Submit's sampling map; ValueError for unknown or bad fields."""
-    allowed = set(SamplingParams.__dataclass_fields__)
-    unknown = set(spec) - allowed
-    if unknown:
-        raise ValueError(f"unknown sampling fields {sorted(unknown)}")
-    spec = dict(spec)
-    if "stop_token_ids" in spec:
-        spec["stop_token_ids"] = tuple(spec["stop_token_ids"])
-    try:
-        return SamplingParams(**spec)
-    except TypeError as e:
-        raise ValueError(f"bad sampling parameters: {e}") from None
-
-
-def sampling_spec(p: SamplingParams) -> dict[str, Any]:
-    return {
-        "temperature": p.temperature,
-        "top_p": p.top_p,
-        "top_k": p.top_k,
-        "seed": p.seed,
-        "max_tokens": p.max_tokens,
-        "stop_token_ids": list(p.stop_token_ids),
-        "ignore_eos": p.ignore_eos,
-    }
 
 
 class TokensOut:
@@ -105,7 +77,7 @@ class TokensOut:
 
 
 class Role:
-    def __init__(self, engine: WorkerEngine, link: Link, worker_id: str, gen: int) -> None:
+    def __init__(self, engine: EngineCore, link: Link, worker_id: str, gen: int) -> None:
         self.engine = engine
         self.link = link
         self.worker_id = worker_id
@@ -167,8 +139,7 @@ class PrefillRole(Role):
             self._reject(msg.rid, f"{self.worker_id} is shutting down")
             return
         try:
-            params = sampling_params(msg.sampling)
-            self.engine.add(msg.rid, msg.prompt_ids.tolist(), params, msg.seed)
+            self.engine.add(msg.rid, msg.prompt_ids.tolist(), msg.sampling, msg.seed)
         except ValueError as e:
             self._reject(msg.rid, f"request rejected by {self.worker_id}: {e}")
             return
@@ -191,18 +162,18 @@ class PrefillRole(Role):
             if r.new_token is None:
                 continue
             req = r.request
-            out.token(req.rid, 0, r.new_token)  # type: ignore[arg-type]
+            out.token(req.rid, 0, r.new_token)
             out.cache_hits.append([req.rid, 0])  # no prefix cache yet: nothing was reused
             if r.finished:  # EOS or max_tokens=1: nothing left for a decode worker
-                out.finish(req.rid, req.finish_reason or "stop", len(req.output_ids))  # type: ignore[arg-type]
-                self.targets.pop(req.rid, None)  # type: ignore[call-overload]
+                out.finish(req.rid, req.finish_reason or "stop", len(req.output_ids))
+                self.targets.pop(req.rid, None)
             else:
                 ready.append(req)
         # First tokens go out before the (larger, slower) handoffs.
         self._send(out)
         failed = TokensOut(self.worker_id)
         for req in ready:
-            rid: int = req.rid  # type: ignore[assignment]
+            rid = req.rid
             target = self.targets.pop(rid, None)
             state = self.engine.export(req)
             self.engine.finish(req, "handoff")
@@ -214,13 +185,11 @@ class PrefillRole(Role):
                 prompt_len=len(req.prompt_ids),
                 num_cached=req.num_cached,
                 cache_hit=0,
-                sampling=sampling_spec(req.params),
+                sampling=req.params,
                 seed=req.seed,
                 decode_gen=target.gen,
-                layout=state.layout,
-                num_blocks=state.num_blocks,
-                slot_state=state.slot_state,  # type: ignore[arg-type]
-                block_state=state.block_state,  # type: ignore[arg-type]
+                slot_state=state.slot_state,
+                block_state=state.block_state,
             )
             try:
                 self.link.handoff(target.addr, msg)
@@ -296,9 +265,9 @@ class DecodeRole(Role):
                     h.token_ids.tolist(),
                     h.prompt_len,
                     h.num_cached,
-                    sampling_params(h.sampling),
+                    h.sampling,
                     h.seed,
-                    CacheState(h.layout, h.num_blocks, h.slot_state, h.block_state),
+                    CacheState(h.slot_state, h.block_state),
                 )
             except ValueError as e:
                 failed.error(h.rid, f"handoff rejected by {self.worker_id}: {e}")
@@ -314,9 +283,9 @@ class DecodeRole(Role):
                 continue
             req = r.request
             n = len(req.output_ids)
-            out.token(req.rid, n - 1, r.new_token)  # type: ignore[arg-type]
+            out.token(req.rid, n - 1, r.new_token)
             if r.finished:
-                out.finish(req.rid, req.finish_reason or "stop", n)  # type: ignore[arg-type]
+                out.finish(req.rid, req.finish_reason or "stop", n)
         self._send(out)
 
     def load(self) -> dict:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from deepring.worker.scheduler import Scheduled
+from deepring.core.scheduler import Scheduled
 
 _TEXT = (
     "The quick brown fox jumps over the lazy dog while the serving stack streams every token "
@@ -37,6 +37,7 @@ class ZeroCostRunner:
         if not token_ids:
             raise ValueError("the zero-cost runner needs at least one token id")
         self.token_ids = token_ids
+        self.pool = None  # no cache tensors: handoffs carry empty records
         self.step_seconds = step_seconds  # a paced step sleeps (it does not burn CPU)
 
     def token_at(self, seed: int, position: int) -> int:

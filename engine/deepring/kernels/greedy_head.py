@@ -1,4 +1,5 @@
-"""Greedy decoding's LM head on CPU: the argmax of fp32 logits, found through a low-precision GEMM.
+"""Greedy decoding's LM head: the argmax of fp32 logits without the logits. `GreedyArgmax` is the
+entry point; on CPU it finds the argmax through a low-precision GEMM where that is fast.
 
 An fp32 LM head is the largest single cost of a small model's CPU decode step, and it is bound by
 reading the weight. CPUs with AMX or VNNI run the same GEMM in int8 or bf16 several times faster
@@ -168,3 +169,51 @@ class GreedyHead:
             return F.linear(y, w.float()).argmax(-1)
         approx, a = logits
         return settle(approx, a * _MARGIN, y, w)
+
+
+# Vocabulary tile of the fp32 path: a tile's logits stay in cache while its max is taken.
+GREEDY_TILE = 16384
+# Up to this many rows the whole logits matrix is small and one GEMM is faster than tiles.
+GREEDY_FULL_ROWS = 16
+
+
+class GreedyArgmax:
+    """argmax_j (y @ w.T)[r, j] (first maximum) for an LM head weight w: the int8 or bf16 head
+    where it beats the fp32 GEMM (an fp32 weight on a CPU with native int8 or bf16 GEMMs), else
+    the fp32 logits, in vocabulary tiles with a running maximum beyond a few rows."""
+
+    def __init__(self) -> None:
+        self.head: GreedyHead | None = None
+
+    def _low_precision(self, w: torch.Tensor) -> GreedyHead | None:
+        if w.dtype != torch.float32 or w.device.type != "cpu":
+            return None
+        kind = head_kind()
+        if kind is None:
+            return None
+        if self.head is None or self.head.kind != kind:
+            self.head = GreedyHead(kind)
+        return self.head
+
+    def prepare(self, w: torch.Tensor) -> None:
+        """Build the low-precision head's weight copy now (~0.1 s for a 129k vocabulary) rather
+        than in the first batched greedy step."""
+        head = self._low_precision(w)
+        if head is not None:
+            head.prepare(w)
+
+    def __call__(self, y: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        head = self._low_precision(w) if y.shape[0] else None
+        if head is not None:
+            return head.argmax(y, w)
+        if y.shape[0] <= GREEDY_FULL_ROWS:
+            # Few rows: one mat-vec over the whole vocabulary beats tiles (measured on CPU).
+            return F.linear(y, w).float().argmax(-1)
+        best_v = torch.full((y.shape[0],), float("-inf"), device=y.device)
+        best_i = torch.zeros(y.shape[0], dtype=torch.long, device=y.device)
+        for start in range(0, w.shape[0], GREEDY_TILE):
+            v, i = F.linear(y, w[start : start + GREEDY_TILE]).float().max(-1)
+            better = v > best_v  # strict: an earlier tile keeps ties (first maximum wins)
+            best_v = torch.where(better, v, best_v)
+            best_i = torch.where(better, i + start, best_i)
+        return best_i

@@ -1,4 +1,5 @@
-"""Local worker processes of `deepring serve`: start (spawn), watch, restart, stop.
+"""`deepring serve`: the frontend in this process and its local worker processes, which the
+supervisor here starts (spawn), watches, restarts and stops.
 
 Each worker is a fresh interpreter (multiprocessing's spawn start method, never fork: the
 frontend holds sockets, threads and an event loop that a forked child must not inherit). Its
@@ -17,8 +18,10 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from deepring.config import WorkerConfig
+from deepring.config import ServeConfig, WorkerConfig
+from deepring.frontend import server
 from deepring.frontend.client import EngineClient
+from deepring.logs import setup_logging
 from deepring.worker.process import run_worker
 
 log = logging.getLogger("deepring.supervisor")
@@ -51,10 +54,9 @@ class Supervisor:
         self.children: dict[str, _Child] = {}
         self.stopping = False
         self.restarts = 0
-        self._loop: asyncio.AbstractEventLoop | None = None
+        self._loop = asyncio.get_running_loop()
 
     def start(self) -> None:
-        self._loop = asyncio.get_running_loop()
         for cfg in self.configs:
             self._spawn(cfg, _BACKOFF_START)
 
@@ -66,12 +68,10 @@ class Supervisor:
         p.start()
         child = _Child(cfg, p, time.monotonic(), backoff)
         self.children[cfg.worker_id] = child
-        assert self._loop is not None
         self._loop.add_reader(p.sentinel, self._exited, cfg.worker_id, p)
         log.info("started %s (pid %s)", cfg.worker_id, p.pid)
 
     def _exited(self, wid: str, p: multiprocessing.process.BaseProcess) -> None:
-        assert self._loop is not None
         self._loop.remove_reader(p.sentinel)
         p.join()
         child = self.children.get(wid)
@@ -80,7 +80,7 @@ class Supervisor:
         code = p.exitcode
         if self.stopping:
             return
-        was_ready = p.pid in self.client.seen_pids
+        was_ready = p.pid in self.client.registry.seen_pids
         why = f"(pid {p.pid}) exited unexpectedly with code {code}"
         self.client.worker_lost(wid, why)
         if not was_ready:
@@ -114,7 +114,16 @@ class Supervisor:
                 log.warning("%s did not stop; terminating it", p.name)
                 p.kill()
             p.join(timeout=5)
-            if self._loop is not None:
-                self._loop.remove_reader(p.sentinel)
+            self._loop.remove_reader(p.sentinel)
             p.close()
         self.children.clear()
+
+
+def run(config: ServeConfig) -> int:
+    """Serve with local workers until SIGTERM; returns the exit code."""
+    setup_logging("frontend")
+
+    def start_workers(client: EngineClient, on_fatal: Callable[[str], None]) -> Supervisor:
+        return Supervisor(config.workers, client, on_fatal)
+
+    return server.run(config.frontend, start_workers)

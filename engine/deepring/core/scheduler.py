@@ -16,7 +16,7 @@ from collections import deque
 from dataclasses import dataclass
 
 from deepring.cache.allocator import BlockAllocator, SlotAllocator
-from deepring.worker.request import Request, Status
+from deepring.core.request import Request, Status
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ class Status(Enum):
 
 @dataclass(eq=False)
 class Request:
-    rid: str
+    rid: int
     prompt_ids: list[int]
     params: SamplingParams
     seed: int

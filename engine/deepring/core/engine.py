@@ -1,128 +1,89 @@
-"""The engine inside a serving worker: EngineCore's step loop plus what the rings need.
+"""The engine core: requests in, one scheduled model step at a time, tokens out.
 
-Compared with the offline EngineCore it can
+`LLM` (offline) and every serving worker drive this one class; the runner is injected (the
+model runner, or the zero-cost runner that measures the serving stack alone). Beyond the step
+loop it can
 - take in a request that another worker prefilled (`admit`: cache state written into a fresh
   slot and fresh blocks, the request joins the running batch without recomputing anything),
 - give a request away (`export` its cache state, then `finish` it here, freeing its blocks),
-- run without a model (zero-cost mode: scheduling and block accounting only),
 - report its load.
-The scheduler (chunked prefill, continuous batching, preemption with recompute) is shared with
-the offline engine.
+Request ids are integers, chosen by the caller.
 """
 
 from __future__ import annotations
 
 import time
-from pathlib import Path
-
-import torch
+from dataclasses import dataclass
 
 from deepring.cache.allocator import BlockAllocator, SlotAllocator
 from deepring.cache.pool import CacheConfig, KVCachePool
-from deepring.config import EngineSpec
+from deepring.cache.transfer import CacheState, export_state, import_state
+from deepring.core.request import Request, Status
+from deepring.core.runner import Runner
+from deepring.core.scheduler import Scheduler, SchedulerConfig
 from deepring.sampling.params import SamplingParams
-from deepring.worker.engine import StepResult
-from deepring.worker.handoff import CacheState, export_state, import_state
-from deepring.worker.request import Request, Status
-from deepring.worker.runner import ModelRunner, cpu_setup
-from deepring.worker.scheduler import Scheduler, SchedulerConfig
-from deepring.worker.zero_cost import ZeroCostRunner, text_token_ids
 
 
-class WorkerEngine:
-    def __init__(self, spec: EngineSpec) -> None:
-        from deepring.model.config import ModelConfig
-        from deepring.model.loader import load_model, resolve_model_path
+@dataclass
+class StepResult:
+    request: Request
+    new_token: int | None  # token sampled this step, if any
+    finished: bool
 
-        self.spec = spec
-        device = torch.device(spec.device or ("cuda" if torch.cuda.is_available() else "cpu"))
-        if device.type == "cpu":
-            cpu_setup(spec.cpu_threads)
-        self.pool: KVCachePool | None = None
-        if spec.zero_cost:
-            self.path: Path | None = resolve_model_path(spec.model)
-            self.config = ModelConfig.from_pretrained(self.path)
-            tok = self.path / "tokenizer.json"
-            self.runner: ModelRunner | ZeroCostRunner = ZeroCostRunner(
-                text_token_ids(tok if tok.is_file() else None), spec.zero_cost_step_ms / 1000
-            )
-        else:
-            loaded = load_model(
-                spec.model,
-                dtype=spec.dtype,
-                device=device,
-                load_format=spec.load_format,
-                seed=spec.seed,
-                progress=False,
-            )
-            self.path, self.config = loaded.path, loaded.config
-            cache = CacheConfig(
-                num_blocks=spec.total_blocks,
-                num_slots=spec.max_num_seqs,
-                block_size=spec.block_size,
-            )
-            self.pool = KVCachePool(loaded.model.config, cache, loaded.model.dtype, device)
-            self.runner = ModelRunner(loaded.model, self.pool)
-        self.block_size = spec.block_size
-        self.blocks = BlockAllocator(spec.total_blocks)
-        self.slots = SlotAllocator(spec.max_num_seqs)
-        self.scheduler = Scheduler(
-            SchedulerConfig(
-                max_num_seqs=spec.max_num_seqs, max_num_batched_tokens=spec.max_num_batched_tokens
-            ),
-            self.blocks,
-            self.slots,
-            spec.block_size,
-        )
-        self.eos_token_ids = frozenset(self.config.eos_token_ids)
+
+class EngineCore:
+    def __init__(
+        self,
+        runner: Runner,
+        cache: CacheConfig,
+        scheduler: SchedulerConfig,
+        *,
+        max_model_len: int,
+        vocab_size: int,
+        eos_token_ids: tuple[int, ...] = (),
+    ) -> None:
+        if scheduler.max_num_seqs > cache.num_slots:
+            raise ValueError("max_num_seqs exceeds the number of state slots")
+        if max_model_len < 2:
+            raise ValueError("max_model_len must be >= 2")
+        self.runner = runner
+        self.max_model_len = max_model_len
+        self.vocab_size = vocab_size
+        self.eos_token_ids = frozenset(eos_token_ids)
+        self.block_size = cache.block_size
+        self.blocks = BlockAllocator(cache.num_blocks)
+        self.slots = SlotAllocator(cache.num_slots)
+        self.scheduler = Scheduler(scheduler, self.blocks, self.slots, cache.block_size)
         self.requests: dict[int, Request] = {}
         self.num_steps = 0
         self.num_generated = 0
         self.step_seconds = 0.0  # total wall time inside step()
 
-    # ---- facts for the frontend -----------------------------------------------------------------
-
     @property
-    def tokenizer_file(self) -> Path | None:
-        if self.path is None:
-            return None
-        tok = self.path / "tokenizer.json"
-        return tok if tok.is_file() else None
-
-    def info(self) -> dict:
-        return {
-            "model": self.spec.model,
-            "zero_cost": self.spec.zero_cost,
-            "max_model_len": self.spec.max_model_len,
-            "vocab_size": self.config.vocab_size,
-            "eos_token_ids": sorted(self.eos_token_ids),
-            "num_slots": self.spec.max_num_seqs,
-            "num_blocks": self.spec.total_blocks,
-            "block_size": self.block_size,
-            "tokenizer": str(self.tokenizer_file) if self.tokenizer_file else None,
-        }
+    def pool(self) -> KVCachePool | None:
+        return self.runner.pool
 
     # ---- requests ------------------------------------------------------------------------------
 
-    def _check(self, rid: int, token_ids: list[int], params: SamplingParams) -> None:
+    def _check(self, rid: int, token_ids: list[int]) -> None:
         if rid in self.requests:
             raise ValueError(f"duplicate request id {rid!r}")
         if not token_ids:
             raise ValueError("a prompt needs at least one token")
-        vocab = self.config.vocab_size
+        vocab = self.vocab_size
         bad = [t for t in token_ids if not 0 <= t < vocab]
         if bad:
             raise ValueError(f"token ids out of range [0, {vocab}): {bad[:5]}")
 
     def add(self, rid: int, prompt_ids: list[int], params: SamplingParams, seed: int) -> Request:
         """A new request, prefilled from scratch. ValueError when it cannot be served."""
-        self._check(rid, prompt_ids, params)
-        if len(prompt_ids) + params.max_tokens > self.spec.max_model_len:
+        self._check(rid, prompt_ids)
+        if len(prompt_ids) + params.max_tokens > self.max_model_len:
             raise ValueError(
                 f"prompt ({len(prompt_ids)} tokens) + max_tokens ({params.max_tokens}) exceeds "
-                f"max_model_len ({self.spec.max_model_len})"
+                f"max_model_len ({self.max_model_len})"
             )
-        req = Request(rid=rid, prompt_ids=list(prompt_ids), params=params, seed=seed)  # type: ignore[arg-type]
+        req = Request(rid=rid, prompt_ids=list(prompt_ids), params=params, seed=seed)
         self.requests[rid] = req
         self.scheduler.add(req)
         return req
@@ -151,18 +112,19 @@ class WorkerEngine:
         state: CacheState,
     ) -> Request:
         """Join a request prefilled elsewhere to the running batch. ValueError when its state
-        does not fit this worker (check `can_admit` first for room)."""
-        self._check(rid, token_ids, params)
+        does not fit this engine (check `can_admit` first for room)."""
+        self._check(rid, token_ids)
         if not 0 < prompt_len <= len(token_ids) or not 0 < num_cached <= len(token_ids):
             raise ValueError("handoff token counts are inconsistent")
         if len(token_ids) - prompt_len > params.max_tokens or (
-            prompt_len + params.max_tokens > self.spec.max_model_len
+            prompt_len + params.max_tokens > self.max_model_len
         ):
             raise ValueError("handoff exceeds max_tokens or max_model_len")
-        if self.blocks_for(num_cached) != state.num_blocks:
-            raise ValueError(f"{num_cached} cached tokens cannot fill {state.num_blocks} blocks")
+        num_blocks = state.num_blocks
+        if self.blocks_for(num_cached) != num_blocks:
+            raise ValueError(f"{num_cached} cached tokens cannot fill {num_blocks} blocks")
         slot = self.slots.allocate()
-        blocks = self.blocks.allocate(state.num_blocks)
+        blocks = self.blocks.allocate(num_blocks)
         try:
             import_state(self.pool, state, slot, blocks)
         except ValueError:
@@ -170,7 +132,7 @@ class WorkerEngine:
             self.blocks.free(blocks)
             raise
         req = Request(
-            rid=rid,  # type: ignore[arg-type]
+            rid=rid,
             prompt_ids=list(token_ids[:prompt_len]),
             params=params,
             seed=seed,
@@ -193,7 +155,7 @@ class WorkerEngine:
         """End `req` here (its slot and blocks are freed at once)."""
         if not req.finished:
             self.scheduler.finish(req, reason)
-        self.requests.pop(req.rid, None)  # type: ignore[call-overload]
+        self.requests.pop(req.rid, None)
 
     def abort(self, rid: int) -> bool:
         req = self.requests.get(rid)

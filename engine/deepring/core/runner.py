@@ -1,20 +1,36 @@
-"""Runs one scheduled step: builds the batch, runs the model, samples the next tokens."""
+"""Runs one scheduled step: builds the batch, runs the model, samples the next tokens.
+
+EngineCore takes any Runner: the ModelRunner here, or the zero-cost runner (core.zero_cost),
+which produces tokens without a model to measure the serving stack alone.
+"""
 
 from __future__ import annotations
+
+from typing import Protocol
 
 import torch
 
 from deepring.cache.pool import KVCachePool
+from deepring.core.scheduler import Scheduled
 from deepring.model.batch import ForwardBatch, SeqChunk
 from deepring.model.model import DeepseekV4
 from deepring.sampling.sampler import Sampler
-from deepring.worker.scheduler import Scheduled
+
+
+class Runner(Protocol):
+    # The cache pool the runner's steps write (None: the runner keeps no cache state).
+    pool: KVCachePool | None
+
+    def step(self, scheduled: list[Scheduled]) -> list[int | None]:
+        """Feed each request its chunk (advancing its num_cached); returns the sampled token of
+        every request whose chunk completes its known tokens (None for mid-prompt chunks)."""
+        ...
 
 
 class ModelRunner:
     def __init__(self, model: DeepseekV4, pool: KVCachePool) -> None:
         self.model = model
-        self.pool = pool
+        self.pool: KVCachePool = pool
         self.sampler = Sampler()
         self.block_size = pool.cache.block_size
 

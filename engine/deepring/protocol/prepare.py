@@ -1,0 +1,172 @@
+"""Request bodies to engine requests, through deepring_recipe (protocol rules live in Rust).
+
+For each of Chat Completions, Responses and Messages: parse the body, convert it (model name,
+sampling, tools, stop sequences, thinking), render and encode the prompt with the template of
+the served model's family, resolve max_tokens against the context length, and build the stream
+processor that will turn the engine's token ids back into protocol events. The frontend and
+`LLM` both go through `Recipe`.
+
+Model names: only the served model's names are accepted (the recipe's own defaults,
+DeepSeek-V4-Pro and DeepSeek-V4.1-Flash, are replaced), and every accepted name renders with
+the served model's template. Any other name gets the recipe's 400 listing the accepted ones.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from deepring_recipe import (
+    ChatCompletionRequest,
+    ChatCompletionResponse,
+    ConversationRequest,
+    ConversionError,
+    ConversionOptions,
+    MessagesRequest,
+    MessagesResponse,
+    ResponsesRequest,
+    ResponsesResponse,
+    StreamProcessor,
+    Tokenizer,
+)
+
+from deepring.protocol.errors import ApiError
+from deepring.protocol.formats import PromptFormat
+from deepring.sampling.params import SamplingParams
+
+ProtocolRequest = ChatCompletionRequest | ResponsesRequest | MessagesRequest
+ProtocolResponse = type[ChatCompletionResponse] | type[ResponsesResponse] | type[MessagesResponse]
+
+
+@dataclass(frozen=True)
+class Api:
+    name: str
+    request: type[ChatCompletionRequest] | type[ResponsesRequest] | type[MessagesRequest]
+    response: ProtocolResponse
+    id_prefix: str
+
+
+CHAT = Api("chat.completions", ChatCompletionRequest, ChatCompletionResponse, "chatcmpl-")
+RESPONSES = Api("responses", ResponsesRequest, ResponsesResponse, "resp_")
+MESSAGES = Api("messages", MessagesRequest, MessagesResponse, "msg_")
+
+
+@dataclass
+class Prepared:
+    """A converted request, ready to submit."""
+
+    api: Api
+    response_id: str
+    model: str  # the name the client asked for
+    created: int
+    stream: bool
+    prompt_ids: list[int]
+    params: SamplingParams
+    seed: int  # the request's seed, or a fresh random one
+    processor: StreamProcessor
+
+
+@dataclass
+class _Converted:
+    request: ProtocolRequest
+    conv: ConversationRequest
+    model: str
+    responses_extras: tuple | None  # Responses: (namespace tool map, echo)
+
+
+class Recipe:
+    """The protocol objects shared by every request: tokenizer, conversion options, encoding."""
+
+    def __init__(
+        self,
+        tokenizer: str | Path | Tokenizer,
+        served_names: Sequence[str],
+        prompt_format: PromptFormat,
+        default_thinking: bool = True,
+        default_max_tokens: int | None = None,
+    ) -> None:
+        """default_max_tokens caps the output of requests that set no limit of their own (the
+        protocol's default, up to the context length, otherwise)."""
+        if not served_names:
+            raise ValueError("a served model needs at least one name")
+        if default_max_tokens is not None and default_max_tokens < 1:
+            raise ValueError("default_max_tokens must be >= 1")
+        self.default_max_tokens = default_max_tokens
+        self.tokenizer = (
+            tokenizer if isinstance(tokenizer, Tokenizer) else Tokenizer.from_file(str(tokenizer))
+        )
+        self.prompt_format = prompt_format
+        self.served_names = tuple(served_names)
+        version = prompt_format.model_version
+        self.options = (
+            ConversionOptions()
+            .with_model_versions_by_name({name: version for name in served_names})
+            .with_default_thinking_mode(default_thinking)
+        )
+        self.encoding = prompt_format.encoding(self.tokenizer)
+
+    def _convert(self, api: Api, body: bytes | str | dict) -> _Converted:
+        try:
+            req = api.request(body)
+        except (ValueError, RecursionError) as e:  # RecursionError: nesting beyond the limit
+            raise ApiError(400, str(e)) from None
+        model = req.model
+        extras = None
+        try:
+            if isinstance(req, ResponsesRequest):
+                extras = (req.namespace_tool_map(self.options), req.echo())
+            conv = req.convert(self.options)
+        except ConversionError as e:
+            raise ApiError(e.status_code, str(e), openai_body=e.body) from None
+        return _Converted(req, conv, model, extras)
+
+    def _encode(self, conv: ConversationRequest) -> list[int]:
+        try:
+            return list(self.encoding.encode(conv.conversation))
+        except (RuntimeError, ValueError) as e:
+            raise ApiError(400, f"the prompt could not be encoded: {e}") from None
+
+    def encode(self, api: Api, body: bytes | str | dict) -> list[int]:
+        """The prompt token ids of a request body. ApiError when it cannot be served."""
+        return self._encode(self._convert(api, body).conv)
+
+    def prepare(self, api: Api, body: bytes | str | dict, max_model_len: int) -> Prepared:
+        """Parse, convert, encode; resolve limits and sampling; build the stream processor.
+        ApiError (with the protocol's status and body) when the request cannot be served."""
+        c = self._convert(api, body)
+        prompt_ids = self._encode(c.conv)
+        conv = c.conv
+        try:
+            max_tokens = conv.resolve_max_tokens(len(prompt_ids), max_model_len)
+        except ConversionError as e:
+            raise ApiError(e.status_code, str(e), openai_body=e.body) from None
+        io = conv.inference_options
+        if io.max_tokens is None and self.default_max_tokens is not None:
+            max_tokens = min(max_tokens, self.default_max_tokens)
+        seed = io.seed if io.seed is not None else random.getrandbits(63)
+        params = SamplingParams(
+            temperature=float(io.temperature if io.temperature is not None else 1.0),
+            top_p=float(io.top_p if io.top_p is not None else 1.0),
+            max_tokens=int(max_tokens),
+            seed=io.seed,
+        )
+        response_id = f"{api.id_prefix}{random.getrandbits(96):024x}"
+        generator = c.request.chunk_generator(conv, response_id, c.model)
+        if c.responses_extras is not None:
+            ns_map, echo = c.responses_extras
+            generator = generator.with_namespace_tool_map(ns_map).with_echo(echo)
+        processor = StreamProcessor(generator, conv.parsing_options, self.tokenizer)
+        return Prepared(
+            api=api,
+            response_id=response_id,
+            model=c.model,
+            created=int(time.time()),
+            stream=bool(conv.stream),
+            prompt_ids=prompt_ids,
+            params=params,
+            seed=int(seed),
+            processor=processor,
+        )
