@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import random
 import sys
 import time
@@ -36,6 +35,7 @@ from pathlib import Path
 import deepring_recipe as ours
 import deepseek_recipe as official
 import tokenizers
+from _machine import describe
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT = Path(__file__).parent / "out"
@@ -145,8 +145,7 @@ def main() -> int:
     enc_ours = ours.DeepseekV41Encoding().with_tokenizer(tok_ours)
     enc_official = official.DeepseekV41Encoding().with_tokenizer(tok_official)
 
-    print(f"{platform.processor() or platform.machine()}, {cores} cores, "
-          f"python {sys.version.split()[0]}")  # fmt: skip
+    print(describe())
     print(f"{'size':<6} {'shape':<8} {'tokens':>8} {'ours tok/s':>12} {'official':>12} "
           f"{'hf':>12} {'vs official':>11} {'vs hf':>6}")  # fmt: skip
     rows = []

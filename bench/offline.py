@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 
 import torch
+from _machine import describe
 
 OUT = Path(__file__).parent / "out"
 TARGETS = {1: 1.5, 32: 5.0}
@@ -119,7 +120,8 @@ def kv_bytes_per_token() -> list[tuple[str, float]]:
     from deepring.model.presets import V4_FLASH
 
     cfg = ModelConfig.from_hf_dict(V4_FLASH)
-    pool = KVCachePool(cfg, CacheConfig(num_blocks=1, num_slots=1, block_size=128), torch.bfloat16)
+    cache = CacheConfig(num_blocks=1, num_slots=1, block_size=128)
+    pool = KVCachePool(cfg.cache_layout(torch.bfloat16), cache)
     paged = pool.bytes_per_block() / 128
     state = pool.bytes_per_slot()
     full = cfg.num_hidden_layers * cfg.head_dim * 2  # every layer keeps its K=V vector
@@ -169,7 +171,7 @@ def bench_gpu(args) -> list[dict]:
     for b in args.batch_sizes:
         per = ctx // 128 + 2
         pool = KVCachePool(
-            cfg, CacheConfig(num_blocks=b * per + 1, num_slots=b), torch.bfloat16, dev
+            cfg.cache_layout(torch.bfloat16), CacheConfig(num_blocks=b * per + 1, num_slots=b), dev
         )
         tables = [list(range(1 + i * per, 1 + (i + 1) * per)) for i in range(b)]
         chunks = [SeqChunk([5] * ctx, 0, i, tables[i]) for i in range(b)]
@@ -285,6 +287,7 @@ def main() -> None:
     p.add_argument("--device", default="cuda", help="--gpu device (cpu: a dry run of the code)")
     p.add_argument("--hbm-gbps", type=float, default=4800.0, help="HBM bandwidth (H200: 4800)")
     args = p.parse_args()
+    print(describe())
     torch.set_flush_denormal(True)
     if args.threads:
         torch.set_num_threads(args.threads)

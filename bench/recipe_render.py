@@ -20,13 +20,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import sys
 import time
 from collections.abc import Callable
 
 import deepring_recipe as ours
 import deepseek_recipe as official
+from _machine import describe
 
 TARGET = 2.0
 MODEL = "DeepSeek-V4.1-Flash"
@@ -249,8 +249,8 @@ def main() -> int:
     parser.add_argument("--json", help="also write the results to this file")
     args = parser.parse_args()
 
-    print(f"{platform.processor() or platform.machine()}, python {sys.version.split()[0]}, "
-          f"{args.body} bodies")  # fmt: skip
+    print(describe())
+    print(f"{args.body} bodies")
     print(f"{'protocol':<10} {'request':<6} {'prompt chars':>12} {'ours req/s':>11} "
           f"{'official':>10} {'ratio':>6}  target {TARGET}x")  # fmt: skip
     results = []

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import re
 import signal
 import statistics
@@ -30,6 +29,7 @@ import sys
 import time
 from pathlib import Path
 
+from _machine import describe
 from deepring import loadgen
 
 OUT = Path(__file__).parent / "out"
@@ -204,7 +204,7 @@ def main() -> None:
         for r in rows
         if "offline_tokens_per_s" in r
     }
-    print(f"\nmachine: {os.cpu_count()} CPUs; prompts of {args.prompt_len} random words\n")
+    print(f"\n{describe()}; prompts of {args.prompt_len} random words\n")
     for mode in modes:
         print(loadgen.table([r for r in rows if r["mode"] == mode], f"== {mode} =="))
         print()

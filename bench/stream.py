@@ -22,13 +22,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import sys
 import time
 from pathlib import Path
 
 import deepring_recipe as ours
 import deepseek_recipe as official
+from _machine import describe
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT = Path(__file__).parent / "out"
@@ -270,11 +270,7 @@ def main() -> None:
     ids = setups["official"].tokenizer.encode(text)
     pieces = text_pieces(TOKENIZER, ids)
     assert "".join(pieces) == text
-    print(
-        f"output: {len(ids)} tokens, {len(text)} characters; "
-        f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, "
-        f"Python {platform.python_version()}"
-    )
+    print(f"output: {len(ids)} tokens, {len(text)} characters\n{describe()}")
     rows = []
     header = (
         f"{'protocol':<10} {'mode':<12} {'ours tok/s':>12} {'official':>12} {'ratio':>7} events"
