@@ -3,6 +3,9 @@
 //! Every public class is declared with `module = "deepring_recipe._native"` so reprs and pickling
 //! errors name the real module. Errors from the core crates become Python exceptions in
 //! [`errors`], the one place that maps them.
+//!
+//! Module order (each module uses only modules before it): errors, json, enums, detach,
+//! tokenizer, special_tokens, conversation, encoding, options, response, stream, request.
 
 use pyo3::prelude::*;
 
@@ -12,6 +15,7 @@ use pyo3::prelude::*;
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 mod conversation;
+mod detach;
 mod encoding;
 mod enums;
 mod errors;
@@ -19,6 +23,7 @@ mod json;
 mod options;
 mod request;
 mod response;
+mod special_tokens;
 mod stream;
 mod tokenizer;
 
@@ -30,6 +35,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     enums::register(m)?;
     tokenizer::register(m)?;
     conversation::register(m)?;
+    special_tokens::register(m)?;
     encoding::register(m)?;
     enums::register_request_enums(m)?;
     options::register(m)?;
