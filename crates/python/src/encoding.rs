@@ -7,8 +7,9 @@ use deepring_tokenizer::Tokenizer;
 use pyo3::exceptions::PyRuntimeError;
 use pyo3::prelude::*;
 
-use crate::conversation::{image_to_py, PyConversation};
+use crate::conversation::PyConversation;
 use crate::detach::maybe_detached;
+use crate::image::image_to_py;
 use crate::json::byte_ranges_to_chars;
 use crate::special_tokens::PySpecialTokens;
 use crate::tokenizer::PyTokenizer;

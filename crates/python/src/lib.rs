@@ -5,7 +5,8 @@
 //! [`errors`], the one place that maps them.
 //!
 //! Module order (each module uses only modules before it): errors, json, enums, detach,
-//! tokenizer, special_tokens, conversation, encoding, options, response, stream, request.
+//! tokenizer, special_tokens, tool, image, message, conversation, encoding, options, response,
+//! stream, request.
 
 use pyo3::prelude::*;
 
@@ -19,13 +20,16 @@ mod detach;
 mod encoding;
 mod enums;
 mod errors;
+mod image;
 mod json;
+mod message;
 mod options;
 mod request;
 mod response;
 mod special_tokens;
 mod stream;
 mod tokenizer;
+mod tool;
 
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
@@ -34,6 +38,9 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     errors::register(m)?;
     enums::register(m)?;
     tokenizer::register(m)?;
+    tool::register(m)?;
+    image::register(m)?;
+    message::register(m)?;
     conversation::register(m)?;
     special_tokens::register(m)?;
     encoding::register(m)?;
