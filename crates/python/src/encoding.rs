@@ -1,87 +1,18 @@
-//! SpecialTokens, RenderedPrompt and the two prompt encodings.
+//! RenderedPrompt and the two prompt encodings.
 
 use std::sync::OnceLock;
 
-use deepring_recipe::{Encoding, ModelVersion, SpecialToken, SpecialTokens};
+use deepring_recipe::{Encoding, ModelVersion};
 use deepring_tokenizer::Tokenizer;
 use pyo3::exceptions::PyRuntimeError;
 use pyo3::prelude::*;
 
-use crate::conversation::{image_to_py, PyConversation};
-use crate::enums::PySpecialToken;
+use crate::conversation::PyConversation;
+use crate::detach::maybe_detached;
+use crate::image::image_to_py;
 use crate::json::byte_ranges_to_chars;
+use crate::special_tokens::PySpecialTokens;
 use crate::tokenizer::PyTokenizer;
-
-#[pyclass(module = "deepring_recipe._native", name = "SpecialTokens", frozen)]
-#[derive(Clone)]
-pub(crate) struct PySpecialTokens {
-    pub(crate) inner: SpecialTokens,
-}
-
-#[pymethods]
-impl PySpecialTokens {
-    #[new]
-    #[pyo3(signature = (
-        *, bos = None, eos = None, thinking_start = None, thinking_end = None, system = None,
-        user = None, assistant = None, latest_reminder = None, dsml = None, image = None,
-        r#ref = None, ref_end = None, r#box = None, box_end = None, point = None, point_end = None,
-        polygon = None, polygon_end = None
-    ))]
-    #[allow(clippy::too_many_arguments)]
-    fn new(
-        bos: Option<String>,
-        eos: Option<String>,
-        thinking_start: Option<String>,
-        thinking_end: Option<String>,
-        system: Option<String>,
-        user: Option<String>,
-        assistant: Option<String>,
-        latest_reminder: Option<String>,
-        dsml: Option<String>,
-        image: Option<String>,
-        r#ref: Option<String>,
-        ref_end: Option<String>,
-        r#box: Option<String>,
-        box_end: Option<String>,
-        point: Option<String>,
-        point_end: Option<String>,
-        polygon: Option<String>,
-        polygon_end: Option<String>,
-    ) -> Self {
-        use SpecialToken as T;
-        let overrides = [
-            (T::Bos, bos),
-            (T::Eos, eos),
-            (T::ThinkingStart, thinking_start),
-            (T::ThinkingEnd, thinking_end),
-            (T::System, system),
-            (T::User, user),
-            (T::Assistant, assistant),
-            (T::LatestReminder, latest_reminder),
-            (T::Dsml, dsml),
-            (T::Image, image),
-            (T::Ref, r#ref),
-            (T::RefEnd, ref_end),
-            (T::Box, r#box),
-            (T::BoxEnd, box_end),
-            (T::Point, point),
-            (T::PointEnd, point_end),
-            (T::Polygon, polygon),
-            (T::PolygonEnd, polygon_end),
-        ];
-        let mut inner = SpecialTokens::default();
-        for (token, spelling) in overrides {
-            if let Some(s) = spelling {
-                inner = inner.with(token, s);
-            }
-        }
-        PySpecialTokens { inner }
-    }
-
-    fn token(&self, token: PySpecialToken) -> String {
-        self.inner.token(token.into()).to_string()
-    }
-}
 
 #[pyclass(
     module = "deepring_recipe._native",
@@ -145,8 +76,7 @@ impl EncodingState {
             .iter()
             .map(|m| m.content.len() + m.reasoning_content.as_ref().map_or(0, String::len))
             .sum();
-        let rendered =
-            crate::request::maybe_detached(py, size, || self.encoding.render(&conv.inner));
+        let rendered = maybe_detached(py, size, || self.encoding.render(&conv.inner));
         let image_sources = rendered
             .image_sources
             .iter()
@@ -233,7 +163,6 @@ encoding_class!(
 );
 
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
-    m.add_class::<PySpecialTokens>()?;
     m.add_class::<PyRenderedPrompt>()?;
     m.add_class::<PyDeepseekV4Encoding>()?;
     m.add_class::<PyDeepseekV41Encoding>()?;

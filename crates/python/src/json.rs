@@ -139,3 +139,8 @@ pub(crate) fn byte_ranges_to_chars(text: &str, ranges: &[(usize, usize)]) -> Vec
     }
     out
 }
+
+/// A string as the reprs show it: a JSON string literal.
+pub(crate) fn quoted(s: &str) -> String {
+    serde_json::Value::String(s.to_string()).to_string()
+}

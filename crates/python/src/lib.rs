@@ -3,6 +3,10 @@
 //! Every public class is declared with `module = "deepring_recipe._native"` so reprs and pickling
 //! errors name the real module. Errors from the core crates become Python exceptions in
 //! [`errors`], the one place that maps them.
+//!
+//! Module order (each module uses only modules before it): errors, json, enums, detach,
+//! tokenizer, special_tokens, tool, image, message, conversation, encoding, options, response,
+//! stream, request.
 
 use pyo3::prelude::*;
 
@@ -12,15 +16,20 @@ use pyo3::prelude::*;
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 mod conversation;
+mod detach;
 mod encoding;
 mod enums;
 mod errors;
+mod image;
 mod json;
+mod message;
 mod options;
 mod request;
 mod response;
+mod special_tokens;
 mod stream;
 mod tokenizer;
+mod tool;
 
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
@@ -29,7 +38,11 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     errors::register(m)?;
     enums::register(m)?;
     tokenizer::register(m)?;
+    tool::register(m)?;
+    image::register(m)?;
+    message::register(m)?;
     conversation::register(m)?;
+    special_tokens::register(m)?;
     encoding::register(m)?;
     enums::register_request_enums(m)?;
     options::register(m)?;

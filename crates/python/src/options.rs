@@ -7,10 +7,10 @@ use deepring_recipe::request::{
 };
 use pyo3::prelude::*;
 
-use crate::encoding::PySpecialTokens;
 use crate::enums::{
     PyModelVersion, PyReasoningContentBehavior, PyThinkingInitialStage, PyWebSearchBehavior,
 };
+use crate::special_tokens::PySpecialTokens;
 
 #[pyclass(module = "deepring_recipe._native", name = "ConversionOptions", frozen)]
 #[derive(Clone)]

@@ -11,6 +11,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyString};
 
 use crate::conversation::PyConversation;
+use crate::detach::maybe_detached;
 use crate::enums::PyModelVersion;
 use crate::errors;
 use crate::json::to_json;
@@ -18,23 +19,6 @@ use crate::options::{PyConversionOptions, PyInferenceOptions, PyParsingOptions};
 use crate::stream::{self, PyChatCompletionChunkGenerator};
 
 const CONSUMED: &str = "protocol request has been consumed";
-
-/// Bodies from this size on are parsed and converted with the GIL released; below it, releasing
-/// and taking the GIL back costs more than the work (a 1-turn request converts in about 1 µs).
-const DETACH_BYTES: usize = 16 * 1024;
-
-/// Run `f`, with the GIL released when the input is large (`size` in bytes).
-pub(crate) fn maybe_detached<R: Send>(
-    py: Python<'_>,
-    size: usize,
-    f: impl FnOnce() -> R + Send,
-) -> R {
-    if size >= DETACH_BYTES {
-        py.detach(f)
-    } else {
-        f()
-    }
-}
 
 /// Read a request body (`bytes | str | dict`) into a protocol request with `parse`; also the
 /// body's size for [`maybe_detached`] (a dict counts as large: its size is not known).

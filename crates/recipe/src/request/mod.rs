@@ -11,7 +11,6 @@ mod images;
 pub mod messages;
 mod options;
 pub mod responses;
-mod responses_echo;
 pub mod schema;
 
 pub use body::{parse_body, parse_body_boxed, RequestBody};

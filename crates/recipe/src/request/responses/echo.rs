@@ -6,7 +6,7 @@
 
 use serde_json::{json, Value};
 
-use super::responses::{
+use super::wire::{
     ReasoningSummary, ResponsesEffort, ResponsesFunctionTool, ResponsesNamespaceTool,
     ResponsesRequest, ResponsesTextFormat, ResponsesTool, ResponsesToolChoice,
     ResponsesWebSearchTool, ToolChoiceObject, Verbosity,
