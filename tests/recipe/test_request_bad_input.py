@@ -1,6 +1,6 @@
 """Bad request input for all three protocols, deepring_recipe against the official wheel.
 
-Complements `tests/conformance/test_requests_conformance.py`, which already compares both
+Complements `tests/conformance/test_requests_malformed.py`, which already compares both
 libraries on malformed bodies (`test_malformed_body`: nesting 126..100000 in an unknown field,
 circular references in an unknown field and at the top level, non-dict bodies, bad JSON texts,
 invalid UTF-8 in the model name, wrong types of top-level fields) and on huge bodies
