@@ -1,0 +1,1 @@
+"""The stub generator behind tools/gen_stub.py (see that script for its use)."""
