@@ -10,6 +10,7 @@ use crate::conversation::{ImageData, ImageDetail, ImageSource, Message, Role, To
 use crate::error::ConversionError;
 use crate::pyjson::{self, NumberStyle};
 use crate::render::ModelVersion;
+use crate::request::chat::UNSUPPORTED_IMAGE_TEXT;
 use crate::request::common::{self, bad, Result};
 use crate::request::images;
 
@@ -333,7 +334,7 @@ impl Walk<'_> {
         at: &str,
     ) -> Result<(String, Vec<ImageSource>)> {
         if self.version == ModelVersion::DeepseekV4Pro {
-            return Ok(("[Unsupported Image]".to_string(), Vec::new()));
+            return Ok((UNSUPPORTED_IMAGE_TEXT.to_string(), Vec::new()));
         }
         let data = match source {
             MessagesImageSource::Base64 { media_type, data } => {

@@ -5,6 +5,7 @@ use serde::{Deserialize, Deserializer};
 use serde_json::Value;
 
 use crate::request::chat::WireDetail;
+use crate::request::schema::unexpected;
 
 /// `input`: a string or a list of items.
 #[derive(Debug, Clone)]
@@ -170,11 +171,10 @@ fn item_from_value(v: Value) -> std::result::Result<InputItem, String> {
         None => return Err("invalid input item".into()),
         Some(Value::String(t)) => t.clone(),
         Some(other) => {
-            return Err(serde_json::Error::invalid_type(
-                schema_unexpected(other),
-                &"variant identifier",
+            return Err(
+                serde_json::Error::invalid_type(unexpected(other), &"variant identifier")
+                    .to_string(),
             )
-            .to_string())
         }
     };
     Ok(match kind.as_str() {
@@ -190,23 +190,6 @@ fn item_from_value(v: Value) -> std::result::Result<InputItem, String> {
         }
         _ => InputItem::Ignored,
     })
-}
-
-/// serde's description of a JSON value in "invalid type" messages.
-fn schema_unexpected(v: &Value) -> serde::de::Unexpected<'_> {
-    use serde::de::Unexpected;
-    match v {
-        Value::Null => Unexpected::Unit,
-        Value::Bool(b) => Unexpected::Bool(*b),
-        Value::Number(n) => match (n.as_i64(), n.as_u64()) {
-            (Some(i), _) => Unexpected::Signed(i),
-            (_, Some(u)) => Unexpected::Unsigned(u),
-            _ => Unexpected::Float(n.as_f64().unwrap_or(0.0)),
-        },
-        Value::String(s) => Unexpected::Str(s),
-        Value::Array(_) => Unexpected::Seq,
-        Value::Object(_) => Unexpected::Map,
-    }
 }
 
 impl<'de> Deserialize<'de> for ResponsesInput {

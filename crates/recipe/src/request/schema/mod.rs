@@ -21,6 +21,7 @@ use std::collections::HashMap;
 use std::sync::{Mutex, OnceLock};
 
 use defs::keep_referenced_definitions;
+pub(crate) use model::unexpected;
 use model::Node;
 use strict::validate;
 

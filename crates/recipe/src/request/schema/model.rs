@@ -172,7 +172,8 @@ const TYPES: &[&str] = &[
     "object", "string", "number", "integer", "boolean", "array", "null",
 ];
 
-fn unexpected(v: &Value) -> Unexpected<'_> {
+/// What serde names a JSON value in its "invalid type" messages.
+pub(crate) fn unexpected(v: &Value) -> Unexpected<'_> {
     match v {
         Value::Null => Unexpected::Unit,
         Value::Bool(b) => Unexpected::Bool(*b),
