@@ -15,6 +15,7 @@ import tempfile
 from pathlib import Path
 
 KERNEL_BACKENDS = ("auto", "torch", "numba", "triton")
+GREEDY_HEADS = ("auto", "int8", "bf16", "fp32")
 
 
 def _raw(name: str) -> str | None:
@@ -42,6 +43,19 @@ def kernel_backend() -> str:
     value = value.lower()
     if value not in KERNEL_BACKENDS:
         raise ValueError(f"DEEPRING_KERNELS must be one of {KERNEL_BACKENDS}, got {value!r}")
+    return value
+
+
+def greedy_head() -> str:
+    """DEEPRING_GREEDY_HEAD: the exact greedy LM head of fp32 CPU decoding (kernels.greedy_head):
+    auto (int8 on CPUs with VNNI or AMX, else bf16 where the CPU has native bf16, else fp32) |
+    int8 | bf16 | fp32. bf16 on a CPU without native bf16 is correct but slow."""
+    value = _raw("DEEPRING_GREEDY_HEAD")
+    if value is None:
+        return "auto"
+    value = value.lower()
+    if value not in GREEDY_HEADS:
+        raise ValueError(f"DEEPRING_GREEDY_HEAD must be one of {GREEDY_HEADS}, got {value!r}")
     return value
 
 

@@ -218,6 +218,25 @@ def test_settling_allows_for_the_bf16_rounding_of_the_output(settle, vocab, monk
     assert not calls
 
 
+@pytest.mark.parametrize(("value", "want"), [("fp32", None), ("bf16", "bf16"), ("BF16", "bf16")])
+def test_the_environment_chooses_the_head(monkeypatch, value, want):
+    monkeypatch.setenv("DEEPRING_GREEDY_HEAD", value)
+    assert greedy_head.head_kind() == want
+
+
+def test_a_bad_or_unavailable_head_choice_is_an_error(monkeypatch):
+    monkeypatch.setenv("DEEPRING_GREEDY_HEAD", "fp8")
+    with pytest.raises(ValueError, match="DEEPRING_GREEDY_HEAD must be one of"):
+        greedy_head.head_kind()
+    monkeypatch.setenv("DEEPRING_GREEDY_HEAD", "int8")
+    monkeypatch.setattr(greedy_head, "cpu_int8_is_fast", lambda: False)
+    with pytest.raises(ValueError, match="VNNI or AMX"):
+        greedy_head.head_kind()
+    monkeypatch.setenv("DEEPRING_GREEDY_HEAD", "auto")
+    monkeypatch.setattr(greedy_head, "cpu_bf16_is_fast", lambda: False)
+    assert greedy_head.head_kind() is None
+
+
 def test_an_unknown_kind_is_rejected():
     with pytest.raises(ValueError, match="int8"):
         GreedyHead("fp8")

@@ -31,6 +31,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
+from deepring import env
 from deepring.kernels.greedy import quantize_rows, settle
 
 # The bound is itself computed in fp32; a margin far above those roundings keeps it an upper bound.
@@ -61,7 +62,18 @@ def cpu_int8_is_fast() -> bool:
 
 
 def head_kind() -> str | None:
-    """The low-precision head this CPU runs fastest: 'int8', 'bf16', or None (plain fp32)."""
+    """The greedy head to run: 'int8', 'bf16', or None (plain fp32). DEEPRING_GREEDY_HEAD
+    chooses; `auto` takes the low-precision head this CPU has native GEMMs for. Having them is not
+    always being fast: on an AMD EPYC with AVX512-VNNI, oneDNN's int8 linear took ~180 ms per
+    call for the tiny model's 129k vocabulary (cProfile), and 32 greedy tokens of one request
+    took 5.9 s with it against 0.2 s with the bf16 head (ad-hoc timing)."""
+    choice = env.greedy_head()
+    if choice == "fp32":
+        return None
+    if choice == "int8" and not cpu_int8_is_fast():
+        raise ValueError("DEEPRING_GREEDY_HEAD=int8 needs oneDNN's int8 linear and VNNI or AMX")
+    if choice != "auto":
+        return choice
     if cpu_int8_is_fast():
         return "int8"
     return "bf16" if cpu_bf16_is_fast() else None
