@@ -34,29 +34,28 @@ def cache_dir() -> Path:
     return Path(value).expanduser()
 
 
+def _choice(name: str, choices: tuple[str, ...]) -> str:
+    """One of `choices` (case-insensitive); the first when the variable is unset."""
+    value = _raw(name)
+    if value is None:
+        return choices[0]
+    value = value.lower()
+    if value not in choices:
+        raise ValueError(f"{name} must be one of {choices}, got {value!r}")
+    return value
+
+
 def kernel_backend() -> str:
     """DEEPRING_KERNELS: auto (Triton on CUDA tensors, numba or torch on CPU) | torch | numba |
     triton (see kernels.dispatch)."""
-    value = _raw("DEEPRING_KERNELS")
-    if value is None:
-        return "auto"
-    value = value.lower()
-    if value not in KERNEL_BACKENDS:
-        raise ValueError(f"DEEPRING_KERNELS must be one of {KERNEL_BACKENDS}, got {value!r}")
-    return value
+    return _choice("DEEPRING_KERNELS", KERNEL_BACKENDS)
 
 
 def greedy_head() -> str:
     """DEEPRING_GREEDY_HEAD: the exact greedy LM head of fp32 CPU decoding (kernels.greedy_head):
     auto (int8 on CPUs with VNNI or AMX, else bf16 where the CPU has native bf16, else fp32) |
     int8 | bf16 | fp32. bf16 on a CPU without native bf16 is correct but slow."""
-    value = _raw("DEEPRING_GREEDY_HEAD")
-    if value is None:
-        return "auto"
-    value = value.lower()
-    if value not in GREEDY_HEADS:
-        raise ValueError(f"DEEPRING_GREEDY_HEAD must be one of {GREEDY_HEADS}, got {value!r}")
-    return value
+    return _choice("DEEPRING_GREEDY_HEAD", GREEDY_HEADS)
 
 
 def cpu_threads() -> int | None:
