@@ -28,8 +28,13 @@ class BuiltEngine:
 
     @property
     def tokenizer_file(self) -> Path | None:
-        tok = self.path / "tokenizer.json" if self.path is not None else None
-        return tok if tok is not None and tok.is_file() else None
+        return _tokenizer_in(self.path)
+
+
+def _tokenizer_in(path: Path | None) -> Path | None:
+    """The checkpoint directory's tokenizer.json, if it has one."""
+    tok = path / "tokenizer.json" if path is not None else None
+    return tok if tok is not None and tok.is_file() else None
 
 
 def build_engine(spec: EngineSpec, *, progress: bool = False) -> BuiltEngine:
@@ -47,10 +52,7 @@ def build_engine(spec: EngineSpec, *, progress: bool = False) -> BuiltEngine:
     if spec.zero_cost:
         path: Path | None = resolve_model_path(spec.model)
         config = ModelConfig.from_pretrained(path)
-        tok = path / "tokenizer.json"
-        runner = ZeroCostRunner(
-            text_token_ids(tok if tok.is_file() else None), spec.zero_cost_step_ms / 1000
-        )
+        runner = ZeroCostRunner(text_token_ids(_tokenizer_in(path)), spec.zero_cost_step_ms / 1000)
     else:
         loaded = load_model(
             spec.model,

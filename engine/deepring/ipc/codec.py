@@ -38,31 +38,30 @@ _SCALARS: dict[str, tuple[type, ...]] = {
 }
 
 
-def _spec(cls: type[Message]) -> tuple[list[tuple[str, tuple[type, ...]]], list[tuple[str, str]]]:
-    scalars, frames = [], []
+def _spec(cls: type[Message]) -> tuple[list, list, dict[str, Any]]:
+    """The header fields (name, accepted types), the payload frames (name, kind) and the typed
+    map fields (name -> class with to_wire / from_wire) of a message type."""
+    scalars, frames, structs = [], [], {}
     for f in dataclasses.fields(cls):
         kind = f.metadata.get("frame")
         if kind is not None:
             frames.append((f.name, kind))
             continue
-        if f.metadata.get("struct") is not None:  # a typed map (to_wire / from_wire)
+        struct = f.metadata.get("struct")
+        if struct is not None:  # travels in the header as a map
             scalars.append((f.name, (dict,)))
+            structs[f.name] = struct
             continue
         base = str(f.type).split("[", 1)[0].strip()
         if base not in _SCALARS:
             raise TypeError(f"{cls.__name__}.{f.name}: unsupported wire type {f.type!r}")
         scalars.append((f.name, _SCALARS[base]))
-    return scalars, frames
+    return scalars, frames, structs
 
 
-_REGISTRY: dict[str, tuple[type[Message], list, list]] = {}
-# Per message type: its struct fields and their classes.
-_STRUCTS: dict[str, dict[str, Any]] = {}
+_REGISTRY: dict[str, tuple[type[Message], list, list, dict[str, Any]]] = {}
 for _cls in MESSAGE_TYPES:
     _REGISTRY[_cls.TYPE] = (_cls, *_spec(_cls))
-    _STRUCTS[_cls.TYPE] = {
-        f.name: f.metadata["struct"] for f in dataclasses.fields(_cls) if "struct" in f.metadata
-    }
 
 
 def _ids_buffer(value: Any) -> memoryview:
@@ -74,11 +73,10 @@ def _ids_buffer(value: Any) -> memoryview:
 
 def encode(msg: Message) -> list[Any]:
     """The frames of `msg`: the msgpack header, then one frame per payload field."""
-    cls, scalars, frames = _REGISTRY[msg.TYPE]
+    cls, scalars, frames, structs = _REGISTRY[msg.TYPE]
     if type(msg) is not cls:
         raise MessageError(f"{type(msg).__name__} is not a registered message")
     header: dict[str, Any] = {"t": cls.TYPE, "v": cls.VERSION}
-    structs = _STRUCTS[cls.TYPE]
     for name, _ in scalars:
         value = getattr(msg, name)
         header[name] = value.to_wire() if name in structs else value
@@ -103,7 +101,7 @@ def decode_strict(frames: Sequence[Any]) -> Message:
     entry = _REGISTRY.get(tag) if isinstance(tag, str) else None
     if entry is None:
         raise MessageError(f"unknown message type {tag!r}")
-    cls, scalars, frame_fields = entry
+    cls, scalars, frame_fields, structs = entry
     if version != cls.VERSION:
         raise MessageError(f"{tag} schema version {version!r} (this process reads {cls.VERSION})")
     kwargs: dict[str, Any] = {}
@@ -114,7 +112,7 @@ def decode_strict(frames: Sequence[Any]) -> Message:
         if not isinstance(value, types) or (types == (int,) and isinstance(value, bool)):
             raise MessageError(f"{tag}.{name}: expected {types[0].__name__}, got {value!r:.60}")
         kwargs[name] = float(value) if types == _SCALARS["float"] else value
-    for name, struct in _STRUCTS[tag].items():
+    for name, struct in structs.items():
         try:
             kwargs[name] = struct.from_wire(kwargs[name])
         except ValueError as e:
