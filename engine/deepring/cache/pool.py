@@ -8,7 +8,14 @@ Per layer:
   and the compressor tail `tail_kv / tail_gate[slot, pos % tail_len]`: projected rows of
   positions whose window is not complete yet (CSA keeps 2m rows, because each entry also pools
   the previous window);
-- CSA layers also have the indexer's paged keys `index[block, entry]` and its own tail.
+- CSA layers also have the indexer's paged keys `index[block, entry]` and its own tail;
+- CSA layers keep, per block, its edge: the first half (Ca) of the compressor's projected rows
+  of the block's last m positions, `edge_kv / edge_gate[block, m, head_dim]` (and the indexer's
+  `index_edge_*`). The first entry of the next block pools those rows with its own, so they are
+  what a request continuing from the block's end needs beyond the paged entries: with them a
+  block is self-contained for the prefix cache (the tail is rebuilt from them on a hit). HCA
+  windows never cross a block boundary (block_size is a multiple of every ratio), so an HCA
+  layer needs no edge.
 Blocks are addressed through per-request block tables (see cache.allocator); slots are per
 request. MTP layers follow the backbone layers (index num_hidden_layers + i).
 """
@@ -24,7 +31,9 @@ from deepring.cache.layout import CacheLayout
 # Which LayerCache tensors belong to a request's slot and which to its blocks, in the order
 # cache.transfer serialises them.
 SLOT_FIELDS = ("ring", "tail_kv", "tail_gate", "index_tail_kv", "index_tail_gate")
-BLOCK_FIELDS = ("comp", "index")
+BLOCK_FIELDS = (
+    "comp", "index", "edge_kv", "edge_gate", "index_edge_kv", "index_edge_gate",
+)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -52,6 +61,10 @@ class LayerCache:
     index: torch.Tensor | None = None  # [blocks, block_size // ratio, index_head_dim]
     index_tail_kv: torch.Tensor | None = None
     index_tail_gate: torch.Tensor | None = None
+    edge_kv: torch.Tensor | None = None  # [blocks, ratio, head_dim] (CSA)
+    edge_gate: torch.Tensor | None = None
+    index_edge_kv: torch.Tensor | None = None  # [blocks, ratio, index_head_dim] (CSA)
+    index_edge_gate: torch.Tensor | None = None
 
 
 class KVCachePool:
@@ -83,7 +96,12 @@ class KVCachePool:
                 tail_kv=self._zeros(*tail),
                 tail_gate=self._zeros(*tail),
             )
+            if lay.overlap:
+                lc.edge_kv = self._zeros(cache.num_blocks, lay.ratio, lay.head_dim)
+                lc.edge_gate = self._zeros(cache.num_blocks, lay.ratio, lay.head_dim)
             if lay.index_head_dim:
+                lc.index_edge_kv = self._zeros(cache.num_blocks, lay.ratio, lay.index_head_dim)
+                lc.index_edge_gate = self._zeros(cache.num_blocks, lay.ratio, lay.index_head_dim)
                 index_tail = (cache.num_slots, lay.tail_len, lay.index_tail_width)
                 lc.index = self._zeros(cache.num_blocks, epb, lay.index_head_dim)
                 lc.index_tail_kv = self._zeros(*index_tail)

@@ -35,7 +35,7 @@ import torch
 from deepring.cache.pool import KVCachePool
 
 MAGIC = b"DRKV"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: CSA block edges (cache.pool)
 KIND_SLOT = 1
 KIND_BLOCKS = 2
 _KIND_NAMES = {KIND_SLOT: "slot", KIND_BLOCKS: "block"}

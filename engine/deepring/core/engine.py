@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from deepring.cache.allocator import BlockAllocator, SlotAllocator
 from deepring.cache.pool import CacheConfig, KVCachePool
 from deepring.cache.transfer import CacheState, export_state, import_state
+from deepring.core.prefix import PrefixCache, PrefixConfig, Store
 from deepring.core.request import Request, Status
 from deepring.core.runner import Runner
 from deepring.core.scheduler import Scheduler, SchedulerConfig
@@ -58,10 +59,37 @@ class EngineCore:
         self.num_steps = 0
         self.num_generated = 0
         self.step_seconds = 0.0  # total wall time inside step()
+        self.prefix: PrefixCache | None = None
 
     @property
     def pool(self) -> KVCachePool | None:
         return self.runner.pool
+
+    def enable_prefix_cache(
+        self,
+        config: PrefixConfig,
+        *,
+        identity: str,
+        num_layers: int,
+        store: Store | None = None,
+    ) -> PrefixCache:
+        """Turn on the prefix KV cache (core.prefix). identity names the model's weights (the
+        hash chain's root); num_layers: backbone layers (exact replay's receptive field)."""
+        if self.pool is None:
+            raise ValueError("prefix caching needs a runner with a cache pool")
+        if self.has_work:
+            raise ValueError("enable the prefix cache before adding requests")
+        self.prefix = PrefixCache(
+            self.pool, self.blocks, config, identity=identity, num_layers=num_layers, store=store
+        )
+        self.scheduler.prefix = self.prefix
+        self.scheduler.window = self.pool.layout.window
+        return self.prefix
+
+    def close(self) -> None:
+        """Finish queued store writes and stop the cache's threads."""
+        if self.prefix is not None:
+            self.prefix.close()
 
     # ---- requests ------------------------------------------------------------------------------
 
@@ -75,15 +103,30 @@ class EngineCore:
         if bad:
             raise ValueError(f"token ids out of range [0, {vocab}): {bad[:5]}")
 
-    def add(self, rid: int, prompt_ids: list[int], params: SamplingParams, seed: int) -> Request:
-        """A new request, prefilled from scratch. ValueError when it cannot be served."""
+    def add(
+        self,
+        rid: int,
+        prompt_ids: list[int],
+        params: SamplingParams,
+        seed: int,
+        cache_ttl_s: float | None = None,
+    ) -> Request:
+        """A new request, prefilled from its longest cached prefix (or from scratch).
+        cache_ttl_s: how long the store keeps its blocks (None: the chat default). ValueError
+        when it cannot be served."""
         self._check(rid, prompt_ids)
         if len(prompt_ids) + params.max_tokens > self.max_model_len:
             raise ValueError(
                 f"prompt ({len(prompt_ids)} tokens) + max_tokens ({params.max_tokens}) exceeds "
                 f"max_model_len ({self.max_model_len})"
             )
-        req = Request(rid=rid, prompt_ids=list(prompt_ids), params=params, seed=seed)
+        if cache_ttl_s is not None and not cache_ttl_s > 0:
+            raise ValueError("cache_ttl_s must be > 0")
+        req = Request(
+            rid=rid, prompt_ids=list(prompt_ids), params=params, seed=seed, cache_ttl_s=cache_ttl_s
+        )
+        if self.prefix is not None:
+            self.prefix.plan(req)
         self.requests[rid] = req
         self.scheduler.add(req)
         return req
@@ -142,6 +185,8 @@ class EngineCore:
             blocks=blocks,
             status=Status.RUNNING,
         )
+        if self.prefix is not None:
+            self.prefix.adopt(req)
         self.requests[rid] = req
         self.scheduler.running.append(req)
         return req
@@ -152,8 +197,11 @@ class EngineCore:
         return export_state(self.pool, req.slot, req.blocks)
 
     def finish(self, req: Request, reason: str) -> None:
-        """End `req` here (its slot and blocks are freed at once)."""
+        """End `req` here (its slot and blocks are freed at once; published blocks stay
+        cached)."""
         if not req.finished:
+            if self.prefix is not None:
+                self.prefix.on_finish(req)
             self.scheduler.finish(req, reason)
         self.requests.pop(req.rid, None)
 
@@ -192,6 +240,8 @@ class EngineCore:
             return []
         self.num_steps += 1
         tokens = self.runner.step(scheduled)
+        if self.prefix is not None:
+            self.prefix.after_step([s.request for s in scheduled])
         results = []
         for s, tok in zip(scheduled, tokens, strict=True):
             req = s.request
@@ -221,4 +271,5 @@ class EngineCore:
             "step_seconds": self.step_seconds,
             "generated": self.num_generated,
             "preemptions": s.num_preemptions,
+            **({"prefix_cache": self.prefix.report()} if self.prefix is not None else {}),
         }

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import Enum
+from typing import Any
 
 from deepring.sampling.params import SamplingParams
 
@@ -27,6 +28,18 @@ class Request:
     status: Status = Status.WAITING
     finish_reason: str | None = None  # "stop" | "length" | "abort"
     num_preemptions: int = 0
+    # Prefix cache (core.prefix). The store TTL of this request's blocks (None: chat default).
+    cache_ttl_s: float | None = None
+    cache_hit: int = 0  # prompt tokens whose KV came from the cache
+    compress_from: int = 0  # positions below: compressed state cached (SeqChunk.compress_from)
+    window_floor: int = 0  # replay: the first position whose window key exists
+    snapshot_at: int | None = None  # prompt prefill stops here once for a ring snapshot
+    block_keys: list[bytes] = field(default_factory=list)  # hash chain of its full blocks
+    published: int = 0  # leading blocks published in the device index
+    stored: int = 0  # leading blocks known to be in the persistent store
+    fetch: Any = None  # the store read-ahead in flight (a Future)
+    fetched: dict[bytes, bytes] | None = None  # its result, until admission
+    ring_pending: tuple[bytes, bytearray] | None = None  # latest output ring snapshot
 
     @property
     def num_tokens(self) -> int:

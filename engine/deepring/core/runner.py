@@ -33,6 +33,7 @@ class ModelRunner:
         self.pool: KVCachePool = pool
         self.sampler = Sampler()
         self.block_size = pool.cache.block_size
+        self.window = pool.layout.window
 
     def step(self, scheduled: list[Scheduled]) -> list[int | None]:
         """Feed each request its chunk; returns the sampled token of every request whose chunk
@@ -50,6 +51,11 @@ class ModelRunner:
                     slot=r.slot,
                     block_ids=r.blocks,
                     logits="last" if s.completes else "none",
+                    # A replayed window matters until one window past its floor.
+                    window_floor=r.window_floor
+                    if r.num_cached < r.window_floor + self.window - 1
+                    else 0,
+                    compress_from=r.compress_from,
                 )
             )
         batch = ForwardBatch.build(

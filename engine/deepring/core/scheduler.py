@@ -14,9 +14,13 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from deepring.cache.allocator import BlockAllocator, SlotAllocator
 from deepring.core.request import Request, Status
+
+if TYPE_CHECKING:
+    from deepring.core.prefix import PrefixCache
 
 
 @dataclass(frozen=True)
@@ -59,6 +63,8 @@ class Scheduler:
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.num_preemptions = 0
+        self.prefix: PrefixCache | None = None  # set by the engine when prefix caching is on
+        self.window = 1  # the model's sliding window (replayed chunks need >= 2 rows in it)
 
     def add(self, req: Request) -> None:
         req.status = Status.WAITING
@@ -100,16 +106,23 @@ class Scheduler:
     def _preempt(self, req: Request) -> None:
         self.release(req)
         self.running.remove(req)
-        req.num_cached = 0
+        req.num_cached = req.window_floor = req.compress_from = 0
+        req.snapshot_at = req.ring_pending = None
         req.status = Status.WAITING
         req.num_preemptions += 1
         self.num_preemptions += 1
         self.waiting.appendleft(req)
 
     def _chunk(self, req: Request, budget: int) -> int:
+        """Tokens `req` feeds this step (0: it waits for a step with more budget)."""
         n = min(req.pending, budget)
         if self.config.max_chunk_tokens is not None:
             n = min(n, self.config.max_chunk_tokens)
+        if req.snapshot_at is not None and req.num_cached < req.snapshot_at:
+            n = min(n, req.snapshot_at - req.num_cached)  # the ring is snapshotted there
+        floor = req.window_floor
+        if floor and req.num_cached < floor + self.window - 1 and n < 2 <= req.pending:
+            return 0  # a replayed window's rows take the prefill kernels (see SeqChunk)
         return n
 
     def schedule(self) -> list[Scheduled]:
@@ -136,15 +149,24 @@ class Scheduler:
             req = self.waiting[0]
             if self.slots.num_free == 0:
                 break
+            if self.prefix is not None and not self.prefix.ready(req):
+                break  # its store read-ahead is still in flight
+            slot = self.slots.allocate()
+            fresh = self.prefix is not None and req.num_cached == 0 and not req.blocks
+            if fresh and self.prefix is not None:
+                self.prefix.acquire(req, slot)
             n = self._chunk(req, budget)
-            if not self._grow(req, req.num_cached + n):
-                if not self.running and not out:
+            if n == 0 or not self._grow(req, req.num_cached + n):
+                self.slots.free(slot)
+                if fresh and self.prefix is not None:
+                    self.prefix.release(req)
+                if n and not self.running and not out:
                     raise RuntimeError(
                         f"request {req.rid} needs more cache blocks than the pool has"
                     )
                 break
             self.waiting.popleft()
-            req.slot = self.slots.allocate()
+            req.slot = slot
             req.status = Status.RUNNING
             self.running.append(req)
             out.append(Scheduled(req, n))

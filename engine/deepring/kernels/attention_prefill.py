@@ -31,6 +31,13 @@ class SeqLayout:
     positions: torch.Tensor  # [T] int64 absolute position of each row
     starts_t: torch.Tensor  # [S] int64
     offsets_t: torch.Tensor  # [S] int64
+    # Per request, the first position whose window key exists (prefix-cache replay: the
+    # chunk's start; 0 otherwise). None when every request's is 0.
+    window_floors: list[int] | None = None
+    window_floors_t: torch.Tensor | None = None
+
+    def floor(self, s: int) -> int:
+        return self.window_floors[s] if self.window_floors is not None else 0
 
     def subset(self, seqs: list[int]) -> SeqLayout:
         """The layout of some requests only (row indices stay global)."""
@@ -45,6 +52,10 @@ class SeqLayout:
             positions=self.positions,
             starts_t=self.starts_t[idx],
             offsets_t=self.offsets_t[idx],
+            window_floors=None
+            if self.window_floors is None
+            else [self.window_floors[i] for i in seqs],
+            window_floors_t=None if self.window_floors_t is None else self.window_floors_t[idx],
         )
 
 
@@ -161,17 +172,19 @@ def prefill_attention_torch(
     if flash is None:
         flash = _FLASH_CPU is not None and q.device.type == "cpu"
     out = torch.empty_like(q)
-    groups: dict[tuple[int, int], list[int]] = {}
+    groups: dict[tuple[int, int, int], list[int]] = {}
     for s, (n_rows, p0) in enumerate(zip(layout.lens, layout.starts, strict=True)):
-        groups.setdefault((p0, n_rows), []).append(s)
+        groups.setdefault((p0, n_rows, layout.floor(s)), []).append(s)
     sinks = sinks.float()
 
-    def attend_group(seqs: list[int], offsets: list[int], p0: int, n_rows: int) -> torch.Tensor:
-        """Attention of S requests that each have n_rows rows from position p0:
-        [S, n_rows, H, D]."""
+    def attend_group(
+        seqs: list[int], offsets: list[int], p0: int, n_rows: int, floor: int
+    ) -> torch.Tensor:
+        """Attention of S requests that each have n_rows rows from position p0, whose window
+        keys exist from position `floor` on: [S, n_rows, H, D]."""
         dev = q.device
         sel = torch.tensor(seqs, device=dev)
-        nh = min(p0, window - 1)
+        nh = max(0, min(p0 - floor, window - 1))
         keys = _rows_of(kv, offsets, n_rows)
         if nh:
             hist_pos = torch.arange(p0 - nh, p0, device=dev) % ring.shape[1]
@@ -222,9 +235,9 @@ def prefill_attention_torch(
             )
         return res.to(q.dtype)
 
-    for (p0, n_rows), seqs in groups.items():
+    for (p0, n_rows, floor), seqs in groups.items():
         offsets = [layout.offsets[s] for s in seqs]
-        for a, rows in zip(offsets, attend_group(seqs, offsets, p0, n_rows), strict=True):
+        for a, rows in zip(offsets, attend_group(seqs, offsets, p0, n_rows, floor), strict=True):
             out[a : a + n_rows] = rows
     return out
 
@@ -236,11 +249,12 @@ if HAVE_TRITON:
     @triton.jit
     def _prefill_attn_kernel(
         q_ptr, kv_ptr, ring_ptr, comp_ptr, out_ptr, sinks_ptr,
-        token_seq_ptr, pos_ptr, starts_ptr, offsets_ptr, slots_ptr, bt_ptr, idx_ptr,
+        token_seq_ptr, pos_ptr, starts_ptr, offsets_ptr, slots_ptr, bt_ptr, idx_ptr, floors_ptr,
         H, D, RING, EPB, RATIO, K_IDX, WINDOW, scale,
         stride_qt, stride_qh, stride_kv, stride_ring_s, stride_ring_r, stride_comp_b,
         stride_comp_e, stride_ot, stride_oh, stride_bt, stride_idx,
-        HAS_COMP: tl.constexpr, HAS_IDX: tl.constexpr, PREC: tl.constexpr,
+        HAS_COMP: tl.constexpr, HAS_IDX: tl.constexpr, HAS_FLOOR: tl.constexpr,
+        PREC: tl.constexpr,
         BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     ):  # fmt: skip
         row = tl.program_id(0).to(tl.int64)
@@ -262,6 +276,8 @@ if HAVE_TRITON:
         l_i = tl.full([BLOCK_H], 1.0, dtype=tl.float32)
         acc = tl.zeros([BLOCK_H, BLOCK_D], dtype=tl.float32)
         lo = tl.maximum(pos - WINDOW + 1, 0)
+        if HAS_FLOOR:  # prefix-cache replay: no window key before the request's floor
+            lo = tl.maximum(lo, tl.load(floors_ptr + s))
         # Sliding window: positions lo..pos, older ones from the ring, the rest from this chunk.
         for kstart in range(0, WINDOW, BLOCK_N):
             kpos = lo + kstart + tl.arange(0, BLOCK_N)
@@ -344,12 +360,14 @@ def prefill_attention_triton(
     _prefill_attn_kernel[grid](
         q, kv, ring, comp_t, out, sinks, layout.token_seq, layout.positions, starts,
         layout.offsets_t, layout.slots, layout.block_tables, idx,
+        layout.window_floors_t if layout.window_floors_t is not None else starts,
         h, d, ring.shape[1], comp_t.shape[1], max(comp_ratio, 1),
         comp_idx.shape[1] if comp_idx is not None else 0, window, float(scale),
         q.stride(0), q.stride(1), kv.stride(0), ring.stride(0), ring.stride(1),
         comp_t.stride(0), comp_t.stride(1), out.stride(0), out.stride(1),
         layout.block_tables.stride(0), idx.stride(0) if comp_idx is not None else 0,
         HAS_COMP=has_comp, HAS_IDX=comp_idx is not None,
+        HAS_FLOOR=layout.window_floors_t is not None,
         PREC="ieee" if q.dtype == torch.float32 else "tf32",
         BLOCK_H=block_h, BLOCK_N=block_n, BLOCK_D=max(16, next_pow2(d)),
     )  # fmt: skip

@@ -30,6 +30,14 @@ class SeqChunk:
     slot: int  # state slot: window ring and compressor tails
     block_ids: list[int]  # paged-cache blocks covering positions [0, start + len)
     logits: str = "last"  # "last" | "all" | "none": which rows' logits the step returns
+    # Prefix-cache replay (core.prefix): the first position whose window key exists; the
+    # ring's earlier positions are never read (they were not computed here). A chunk with a
+    # floor needs >= 2 tokens (single rows take the decode kernels, which have no floor).
+    window_floor: int = 0
+    # Positions below this already have their compressed entries, compressor tail and block
+    # edges in the cache (a prefix hit): their rows pool no entry and write no tail or edge
+    # (the blocks holding them are shared, and must never be rewritten).
+    compress_from: int = 0
 
 
 @dataclass
@@ -53,6 +61,16 @@ class CompressPlan:
 
 
 @dataclass
+class EdgePlan:
+    """Rows this step writes into their block's edge (the Ca half of a CSA compressor's last
+    `ratio` rows of each block: the state a prefix hit at the next block needs, see
+    cache.pool). Empty on most decode steps."""
+
+    rows: torch.Tensor  # [N] step row
+    dest: torch.Tensor  # [N] flat index into edge tensors viewed as [blocks * ratio, dim]
+
+
+@dataclass
 class ForwardBatch:
     chunks: list[SeqChunk]
     input_ids: torch.Tensor  # [T] int64
@@ -64,6 +82,9 @@ class ForwardBatch:
     block_size: int
     max_position: int  # the largest position in the step
     rope_tables: RopeTables
+    # Per request, the first position whose compressor rows this step handles (None: every
+    # request's chunk start, the usual case; see SeqChunk.compress_from).
+    compress_from: list[int] | None = None
     _plans: dict[tuple, object] = field(default_factory=dict)
 
     @classmethod
@@ -74,6 +95,7 @@ class ForwardBatch:
             raise ValueError("a forward batch needs at least one request")
         ids: list[int] = []
         offsets, lens, starts, positions, token_seq, rows = [], [], [], [], [], []
+        floors, cfrom = [], []
         width = 1
         for s, c in enumerate(chunks):
             n = len(c.token_ids)
@@ -81,6 +103,10 @@ class ForwardBatch:
                 raise ValueError("every request in a step needs at least one token")
             if c.start < 0:
                 raise ValueError("chunk start must be >= 0")
+            if c.window_floor and (n < 2 or c.window_floor > c.start):
+                raise ValueError("a chunk with a window floor needs >= 2 tokens from the floor on")
+            floors.append(c.window_floor)
+            cfrom.append(max(c.start, c.compress_from))
             need = -(-(c.start + n) // block_size)
             if len(c.block_ids) < need:
                 raise ValueError(
@@ -122,6 +148,8 @@ class ForwardBatch:
             positions=pos_t,
             starts_t=lt(starts),
             offsets_t=lt(offsets),
+            window_floors=floors if any(floors) else None,
+            window_floors_t=lt(floors) if any(floors) else None,
         )
         return cls(
             chunks=chunks,
@@ -134,6 +162,7 @@ class ForwardBatch:
             block_size=block_size,
             max_position=max_pos,
             rope_tables=rope,
+            compress_from=cfrom if cfrom != starts else None,
         )
 
     @property
@@ -192,12 +221,32 @@ class ForwardBatch:
         if key in self._plans:
             return self._plans[key]  # type: ignore[return-value]
         keep, keep_dest = self.tail_rows(2 * ratio if overlap else ratio)
+        if self.compress_from is not None:  # rows of a cached prefix stay out of the tail
+            keep, keep_dest = self._after_compress_from(keep, keep_dest)
         if self.is_decode:
             plan = self._decode_compress_plan(ratio, overlap, keep_dest)
         else:
             plan = self._general_compress_plan(ratio, overlap, keep, keep_dest)
         self._plans[key] = plan
         return plan
+
+    def _compress_starts(self) -> torch.Tensor:
+        """[S] each request's first position whose rows the compressors handle this step."""
+        lay = self.layout
+        if self.compress_from is None:
+            return lay.starts_t
+        return self.cached(
+            ("cfrom",),
+            lambda: torch.tensor(self.compress_from, dtype=torch.long, device=lay.starts_t.device),
+        )
+
+    def _after_compress_from(
+        self, keep: torch.Tensor | slice, dest: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        lay = self.layout
+        rows = torch.arange(self.num_tokens, device=lay.positions.device)[keep]
+        ok = lay.positions[rows] >= self._compress_starts()[lay.token_seq[rows]]
+        return rows[ok], dest[ok]
 
     def _general_compress_plan(
         self, ratio: int, overlap: bool, keep: torch.Tensor | slice, keep_dest: torch.Tensor
@@ -206,7 +255,8 @@ class ForwardBatch:
         dev = lay.positions.device
         n_rows = state_len = 2 * ratio if overlap else ratio
         lens_t = torch.tensor(lay.lens, device=dev)
-        first = lay.starts_t // ratio
+        cstart = self._compress_starts()
+        first = cstart // ratio
         count = (lay.starts_t + lens_t) // ratio - first
         e_total = int(count.sum())
         entry_seq = torch.repeat_interleave(torch.arange(len(lay.lens), device=dev), count)
@@ -215,7 +265,7 @@ class ForwardBatch:
         base = w * ratio - (ratio if overlap else 0)
         pos = base[:, None] + torch.arange(n_rows, device=dev)[None]
         start = lay.starts_t[entry_seq][:, None]
-        from_chunk = pos >= start
+        from_chunk = pos >= cstart[entry_seq][:, None]
         chunk_row = (lay.offsets_t[entry_seq][:, None] + pos - start).clamp(min=0)
         chunk_row = chunk_row.clamp(max=max(self.num_tokens - 1, 0))
         state_row = lay.slots[entry_seq][:, None] * state_len + torch.remainder(pos, state_len)
@@ -297,6 +347,35 @@ class ForwardBatch:
             tail_row=lt(tail).view(e, n_rows),
             all_valid=all(f >= 0 for f in firsts),
         )
+
+    def edge_plan(self, ratio: int) -> EdgePlan | None:
+        """Rows of this step among the last `ratio` positions of their block (at or after the
+        request's compress_from), and where they go in a [blocks, ratio] edge tensor; None when
+        there is none (most decode steps)."""
+        key = ("edge", ratio)
+        if key in self._plans:
+            return self._plans[key]  # type: ignore[return-value]
+        bs = self.block_size
+        rows, dest = [], []
+        cfrom = self.compress_from
+        for s, c in enumerate(self.chunks):
+            lo = c.start if cfrom is None else cfrom[s]
+            end = c.start + len(c.token_ids)
+            # Blocks whose edge [b * bs + bs - ratio, (b + 1) * bs) meets [lo, end).
+            for b in range(lo // bs, -(-end // bs)):
+                e0 = b * bs + bs - ratio
+                for p in range(max(e0, lo), min(e0 + ratio, end)):
+                    rows.append(self.layout.offsets[s] + p - c.start)
+                    dest.append(c.block_ids[b] * ratio + p - e0)
+        plan = None
+        if rows:
+            dev = self.layout.positions.device
+            plan = EdgePlan(
+                torch.tensor(rows, dtype=torch.long, device=dev),
+                torch.tensor(dest, dtype=torch.long, device=dev),
+            )
+        self._plans[key] = plan
+        return plan
 
     def plan_rope(self, ratio: int, overlap: bool) -> torch.Tensor:
         """The compress rotations of the entries compress_plan(ratio, overlap) completes,

@@ -33,10 +33,16 @@ def compress_into(
     out_cache: torch.Tensor,
     ratio: int,
     overlap: bool,
+    edges: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> None:
-    """Pool the windows this step completes into `out_cache`, then update the tail state."""
+    """Pool the windows this step completes into `out_cache`, then update the tail state (and,
+    for an overlapping compressor, the block edges: see cache.pool)."""
     plan = batch.compress_plan(ratio, overlap)
     width = kv.shape[1]
+    if edges is not None and (edge := batch.edge_plan(ratio)) is not None:
+        half = width // 2  # the next entry pools only the first half of these rows
+        for src, dst in zip((kv, gate), edges, strict=True):
+            dst.view(-1, half)[edge.dest] = src[edge.rows, :half].to(dst.dtype)
     flat_kv = tail_kv.view(-1, width)
     flat_gate = tail_gate.view(-1, width)
     if batch.is_decode and kv.dtype == tail_kv.dtype:
@@ -141,6 +147,7 @@ class Indexer(nn.Module):
         compress_into(
             batch, kv, gate, cache.index_tail_kv, cache.index_tail_gate, self.position_bias,
             self.kv_norm, cache.index, self.ratio, overlap=True,
+            edges=(cache.index_edge_kv, cache.index_edge_gate),
         )  # fmt: skip
         cos, sin = batch.cos_sin("compress")
         q = q_proj[0].view(-1, self.heads, self.hd)
@@ -183,6 +190,7 @@ class Compressor(nn.Module):
         compress_into(
             batch, proj[0], proj[1], cache.tail_kv, cache.tail_gate, self.position_bias,
             self.kv_norm, cache.comp, self.ratio, self.overlap,
+            edges=(cache.edge_kv, cache.edge_gate) if self.overlap else None,
         )  # fmt: skip
         if self.indexer is None:
             return None
