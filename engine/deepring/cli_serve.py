@@ -59,6 +59,80 @@ def _add_engine_args(p: argparse.ArgumentParser, max_num_seqs: int = 64) -> None
         default=None,
         help="torch threads per worker on CPU (default: DEEPRING_CPU_THREADS or 1)",
     )
+    g.add_argument(
+        "--kv-cache-memory",
+        type=_size,
+        default=None,
+        metavar="SIZE",
+        help="bytes of paged KV cache per worker, e.g. 2GiB (overrides --num-blocks)",
+    )
+    _add_prefix_args(p)
+
+
+def _add_prefix_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("prefix KV cache (docs/configuration.md)")
+    g.add_argument(
+        "--no-prefix-cache", action="store_true", help="recompute every prompt from scratch"
+    )
+    g.add_argument(
+        "--kv-cache-dir",
+        default=None,
+        metavar="DIR",
+        help="directory store of cached blocks, shareable over a POSIX mount "
+        "(default: DEEPRING_CACHE_DIR/kv; 'none': no directory store)",
+    )
+    g.add_argument(
+        "--kv-store", default=None, metavar="URL", help="a shared Redis tier, redis://host:port"
+    )
+    g.add_argument(
+        "--kv-host-memory",
+        type=_size,
+        default=EngineSpec.kv_host_memory,
+        metavar="SIZE",
+        help="host-memory tier of cached blocks per worker (default 1GiB)",
+    )
+    g.add_argument(
+        "--swa-replay",
+        choices=["exact", "bounded"],
+        default="exact",
+        help="a hit without its window ring: recompute the ring's receptive field (exact, "
+        "as a cold run) or the last window only (bounded, V4.1's approximation)",
+    )
+    g.add_argument("--swa-ttl", type=float, default=180.0, help="seconds a ring snapshot lives")
+    g.add_argument(
+        "--chat-ttl", type=float, default=EngineSpec.chat_ttl_s, help="seconds (default 7 days)"
+    )
+    g.add_argument(
+        "--agent-ttl",
+        type=float,
+        default=EngineSpec.agent_ttl_s,
+        help="seconds for requests that declare tools (default 3 days)",
+    )
+
+
+_UNITS = {"": 1, "b": 1, "k": 1e3, "kb": 1e3, "kib": 1 << 10, "m": 1e6, "mb": 1e6,
+          "mib": 1 << 20, "g": 1e9, "gb": 1e9, "gib": 1 << 30, "t": 1e12, "tb": 1e12,
+          "tib": 1 << 40}  # fmt: skip
+
+
+def _size(text: str) -> int:
+    """A byte count: 1073741824, 1GiB, 512MiB, 2G, 1.5GB."""
+    t = text.strip().lower()
+    num = t.rstrip("abcdefghijklmnopqrstuvwxyz")
+    unit = t[len(num) :].strip()
+    try:
+        value = float(num) * _UNITS[unit]
+    except (ValueError, KeyError):
+        raise argparse.ArgumentTypeError(f"not a size: {text!r} (e.g. 2GiB, 512MiB)") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"a size must be >= 0, got {text!r}")
+    return int(value)
+
+
+def _kv_cache_dir(args: argparse.Namespace) -> str | None:
+    if args.kv_cache_dir is None:
+        return str(env.cache_dir() / "kv")
+    return None if args.kv_cache_dir.lower() == "none" else args.kv_cache_dir
 
 
 def _engine_spec(
@@ -76,6 +150,15 @@ def _engine_spec(
         max_num_batched_tokens=budget or args.max_num_batched_tokens,
         num_blocks=args.num_blocks,
         cpu_threads=args.cpu_threads or env.cpu_threads() or 1,
+        kv_cache_memory=args.kv_cache_memory,
+        prefix_cache=not args.no_prefix_cache,
+        kv_cache_dir=_kv_cache_dir(args),
+        kv_store=args.kv_store,
+        kv_host_memory=args.kv_host_memory,
+        swa_replay=args.swa_replay,
+        swa_ttl_s=args.swa_ttl,
+        chat_ttl_s=args.chat_ttl,
+        agent_ttl_s=args.agent_ttl,
     )
 
 

@@ -10,6 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 ROLES = ("prefill", "decode")
+# The prefix cache's TTL classes (EngineSpec.chat_ttl_s / agent_ttl_s).
+CACHE_CLASSES = ("chat", "agent")
+SWA_REPLAY = ("exact", "bounded")
 _ADDR_SCHEMES = ("ipc://", "tcp://", "inproc://")
 
 
@@ -37,6 +40,18 @@ class EngineSpec:
     num_blocks: int | None = None  # None: room for max_num_seqs requests of max_model_len
     block_size: int = 128
     cpu_threads: int | None = 1  # torch intra-op threads on CPU (roles share the cores)
+    # Bytes of the paged cache (None: num_blocks). Sizes the pool by memory, not by requests.
+    kv_cache_memory: int | None = None
+    # Prefix KV cache (core.prefix). kv_cache_dir: the directory store (None: none; `deepring
+    # serve` defaults it under the cache directory); kv_store: a shared Redis tier.
+    prefix_cache: bool = True
+    kv_cache_dir: str | None = None
+    kv_store: str | None = None
+    kv_host_memory: int = 1 << 30  # host tier of block records
+    swa_replay: str = "exact"  # exact | bounded
+    swa_ttl_s: float = 180.0  # ring snapshots (host pool and store)
+    chat_ttl_s: float = 7 * 86400.0
+    agent_ttl_s: float = 3 * 86400.0
 
     def __post_init__(self) -> None:
         if self.max_model_len < 2:
@@ -53,6 +68,21 @@ class EngineSpec:
             raise ValueError("zero_cost_step_ms must be >= 0")
         if self.cpu_threads is not None and self.cpu_threads < 1:
             raise ValueError("cpu_threads must be >= 1")
+        if self.kv_cache_memory is not None and self.kv_cache_memory < 1:
+            raise ValueError("kv_cache_memory must be >= 1 byte")
+        if self.swa_replay not in SWA_REPLAY:
+            raise ValueError(f"swa_replay must be one of {SWA_REPLAY}, got {self.swa_replay!r}")
+        if self.kv_host_memory < 0:
+            raise ValueError("kv_host_memory must be >= 0")
+        for name in ("swa_ttl_s", "chat_ttl_s", "agent_ttl_s"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name} must be > 0")
+
+    def ttl_s(self, cache_class: str) -> float:
+        """The store TTL of a request's blocks by its class."""
+        if cache_class not in CACHE_CLASSES:
+            raise ValueError(f"cache class must be one of {CACHE_CLASSES}, got {cache_class!r}")
+        return self.agent_ttl_s if cache_class == "agent" else self.chat_ttl_s
 
     @property
     def blocks_per_seq(self) -> int:

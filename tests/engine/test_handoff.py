@@ -51,6 +51,7 @@ def _through_the_wire(req, state: CacheState) -> Handoff:
         sampling=req.params,
         seed=req.seed,
         decode_gen=1,
+        cache_class="chat",
         slot_state=state.slot_state,
         block_state=state.block_state,
     )

@@ -31,6 +31,7 @@ SAMPLES = [
         decode_worker="decode-1",
         decode_gen=123456789,
         decode_addr="ipc:///tmp/deepring-x/handoff-1",
+        cache_class="agent",
     ),
     Handoff(
         rid=2**40 + 3,
@@ -41,6 +42,7 @@ SAMPLES = [
         sampling=SamplingParams(temperature=0.0, max_tokens=16, stop_token_ids=(1, 2), seed=9),
         seed=5,
         decode_gen=9,
+        cache_class="chat",
         slot_state=bytes(range(256)) * 4,
         block_state=b"\x00\xff" * 1000,
     ),
@@ -76,6 +78,7 @@ SAMPLES = [
         step_seconds=1.5,
         generated=10,
         preemptions=11,
+        prefix_cache={"hit_tokens": 128, "store_directory_errors": 0},
     ),
     Shutdown(drain=True, timeout=30.0),
 ]

@@ -3,6 +3,9 @@ by the spec, the scheduler. What `LLM` and the serving workers start from."""
 
 from __future__ import annotations
 
+import hashlib
+import json
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -11,11 +14,14 @@ import torch
 from deepring.cache.pool import CacheConfig, KVCachePool
 from deepring.config import EngineSpec
 from deepring.core.engine import EngineCore
+from deepring.core.prefix import PrefixConfig, Store
 from deepring.core.runner import ModelRunner, Runner, cpu_setup
 from deepring.core.scheduler import SchedulerConfig
 from deepring.core.zero_cost import ZeroCostRunner, text_token_ids
 from deepring.model.config import ModelConfig
 from deepring.model.model import DeepseekV4
+
+log = logging.getLogger("deepring.cache")
 
 
 @dataclass
@@ -64,6 +70,8 @@ def build_engine(spec: EngineSpec, *, progress: bool = False) -> BuiltEngine:
         )
         model, path, config = loaded.model, loaded.path, loaded.config
         layout = config.cache_layout(model.dtype)
+        if spec.kv_cache_memory is not None:
+            cache = _sized_by_memory(cache, layout, spec)
         runner = ModelRunner(model, KVCachePool(layout, cache, device))
     engine = EngineCore(
         runner,
@@ -75,5 +83,69 @@ def build_engine(spec: EngineSpec, *, progress: bool = False) -> BuiltEngine:
         vocab_size=config.vocab_size,
         eos_token_ids=config.eos_token_ids,
     )
+    if spec.prefix_cache and model is not None:
+        engine.enable_prefix_cache(
+            PrefixConfig(
+                host_bytes=spec.kv_host_memory,
+                ring_ttl_s=spec.swa_ttl_s,
+                swa_replay=spec.swa_replay,
+                chat_ttl_s=spec.chat_ttl_s,
+                agent_ttl_s=spec.agent_ttl_s,
+            ),
+            identity=model_identity(spec, path, model.dtype),
+            num_layers=config.num_hidden_layers,
+            store=open_stores(spec),
+        )
     random_weights = spec.model == "tiny" or spec.load_format == "dummy"
     return BuiltEngine(engine, config, path, model, random_weights)
+
+
+def _sized_by_memory(cache: CacheConfig, layout, spec: EngineSpec) -> CacheConfig:
+    """The block count that `spec.kv_cache_memory` bytes hold (plus the reserved block)."""
+    probe = KVCachePool(layout, CacheConfig(num_blocks=1, num_slots=1, block_size=cache.block_size))
+    n = int(spec.kv_cache_memory or 0) // probe.bytes_per_block()
+    if n < spec.blocks_per_seq + 1:
+        raise ValueError(
+            f"--kv-cache-memory {spec.kv_cache_memory} bytes holds {n} blocks of "
+            f"{probe.bytes_per_block()} bytes; one request of max_model_len needs "
+            f"{spec.blocks_per_seq + 1}"
+        )
+    return CacheConfig(
+        num_blocks=n, num_slots=cache.num_slots, block_size=cache.block_size,
+        backtrack=cache.backtrack,
+    )  # fmt: skip
+
+
+def model_identity(spec: EngineSpec, path: Path | None, dtype: torch.dtype) -> str:
+    """What the prefix cache's hash chain is rooted in: the weights that computed a block.
+    A checkpoint is named by its config and its weight files (names and sizes, not their
+    bytes: hashing hundreds of GB at every start is not an option); random weights by their
+    seed. Blocks also carry the cache layout's fingerprint (dtype and shapes)."""
+    h = hashlib.sha256()
+    h.update(
+        f"{spec.load_format}/{spec.seed if spec.load_format == 'dummy' else ''}/{dtype}".encode()
+    )
+    if path is not None and path.is_dir():
+        cfg = path / "config.json"
+        if cfg.is_file():
+            h.update(json.dumps(json.loads(cfg.read_bytes()), sort_keys=True).encode())
+        for f in sorted(path.glob("*.safetensors")):
+            h.update(f"{f.name}:{f.stat().st_size}".encode())
+        h.update(path.name.encode())  # the embedded tiny model's directory names its hash
+    else:
+        h.update(spec.model.encode())
+    return h.hexdigest()
+
+
+def open_stores(spec: EngineSpec) -> Store | None:
+    """The persistent tiers `spec` names: the directory store, then Redis (reads try them in
+    that order, writes go to both). None: no persistent tier."""
+    urls = [u for u in (spec.kv_cache_dir, spec.kv_store) if u]
+    if not urls:
+        return None
+    from deepring.cache.store import open_store
+    from deepring.cache.store.tiered import TieredStore
+
+    stores = [open_store(u) for u in urls]
+    log.info("prefix cache: persistent tiers %s", ", ".join(s.url for s in stores))
+    return stores[0] if len(stores) == 1 else TieredStore(stores)

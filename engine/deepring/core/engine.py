@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from deepring.cache.allocator import BlockAllocator, SlotAllocator
 from deepring.cache.pool import CacheConfig, KVCachePool
 from deepring.cache.transfer import CacheState, export_state, import_state
+from deepring.config import CACHE_CLASSES
 from deepring.core.prefix import PrefixCache, PrefixConfig, Store
 from deepring.core.request import Request, Status
 from deepring.core.runner import Runner
@@ -109,21 +110,21 @@ class EngineCore:
         prompt_ids: list[int],
         params: SamplingParams,
         seed: int,
-        cache_ttl_s: float | None = None,
+        cache_class: str = "chat",
     ) -> Request:
         """A new request, prefilled from its longest cached prefix (or from scratch).
-        cache_ttl_s: how long the store keeps its blocks (None: the chat default). ValueError
-        when it cannot be served."""
+        cache_class: how long the store keeps its blocks ("chat" | "agent", see
+        PrefixConfig). ValueError when it cannot be served."""
         self._check(rid, prompt_ids)
         if len(prompt_ids) + params.max_tokens > self.max_model_len:
             raise ValueError(
                 f"prompt ({len(prompt_ids)} tokens) + max_tokens ({params.max_tokens}) exceeds "
                 f"max_model_len ({self.max_model_len})"
             )
-        if cache_ttl_s is not None and not cache_ttl_s > 0:
-            raise ValueError("cache_ttl_s must be > 0")
+        if cache_class not in CACHE_CLASSES:
+            raise ValueError(f"cache class must be one of {CACHE_CLASSES}, got {cache_class!r}")
         req = Request(
-            rid=rid, prompt_ids=list(prompt_ids), params=params, seed=seed, cache_ttl_s=cache_ttl_s
+            rid=rid, prompt_ids=list(prompt_ids), params=params, seed=seed, cache_class=cache_class
         )
         if self.prefix is not None:
             self.prefix.plan(req)
@@ -153,6 +154,7 @@ class EngineCore:
         params: SamplingParams,
         seed: int,
         state: CacheState,
+        cache_class: str = "chat",
     ) -> Request:
         """Join a request prefilled elsewhere to the running batch. ValueError when its state
         does not fit this engine (check `can_admit` first for room)."""
@@ -184,6 +186,7 @@ class EngineCore:
             slot=slot,
             blocks=blocks,
             status=Status.RUNNING,
+            cache_class=cache_class if cache_class in CACHE_CLASSES else "chat",
         )
         if self.prefix is not None:
             self.prefix.adopt(req)
@@ -271,5 +274,5 @@ class EngineCore:
             "step_seconds": self.step_seconds,
             "generated": self.num_generated,
             "preemptions": s.num_preemptions,
-            **({"prefix_cache": self.prefix.report()} if self.prefix is not None else {}),
+            "prefix_cache": self.prefix.report() if self.prefix is not None else {},
         }

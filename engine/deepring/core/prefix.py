@@ -307,7 +307,7 @@ class PrefixCache:
         if have < n_full:
             parent = req.block_keys[-1] if have else self.root
             req.block_keys += chain_keys(parent, req.tokens(have * bs, n_full * bs), bs)
-        ttl = req.cache_ttl_s or self.config.chat_ttl_s
+        ttl = self.config.agent_ttl_s if req.cache_class == "agent" else self.config.chat_ttl_s
         for i in range(req.published, n_full):
             key, blk = req.block_keys[i], req.blocks[i]
             if not self.blocks.publish(blk, key):

@@ -28,8 +28,8 @@ class Request:
     status: Status = Status.WAITING
     finish_reason: str | None = None  # "stop" | "length" | "abort"
     num_preemptions: int = 0
-    # Prefix cache (core.prefix). The store TTL of this request's blocks (None: chat default).
-    cache_ttl_s: float | None = None
+    # Prefix cache (core.prefix). The TTL class of this request's blocks: "chat" | "agent".
+    cache_class: str = "chat"
     cache_hit: int = 0  # prompt tokens whose KV came from the cache
     compress_from: int = 0  # positions below: compressed state cached (SeqChunk.compress_from)
     window_floor: int = 0  # replay: the first position whose window key exists

@@ -13,7 +13,7 @@ import json
 import logging
 import time
 
-from deepring.config import FrontendConfig
+from deepring.config import CACHE_CLASSES, FrontendConfig
 from deepring.frontend.client import EngineClient
 from deepring.frontend.http import HttpRequest
 from deepring.frontend.metrics import Metrics
@@ -21,7 +21,7 @@ from deepring.frontend.requests import Overloaded
 from deepring.frontend.stream import JsonSink, SseSink
 from deepring.protocol.errors import ApiError, error_body
 from deepring.protocol.formats import PromptFormat
-from deepring.protocol.prepare import CHAT, MESSAGES, RESPONSES, Api, Recipe
+from deepring.protocol.prepare import CHAT, MESSAGES, RESPONSES, Api, Prepared, Recipe
 
 log = logging.getLogger("deepring.frontend")
 
@@ -125,7 +125,9 @@ class App:
         sink_cls = SseSink if prep.stream else JsonSink
         sink = sink_cls(req, prep, eos)
         try:
-            rid = self.client.submit(prep.prompt_ids, prep.params, prep.seed, sink)
+            rid = self.client.submit(
+                prep.prompt_ids, prep.params, prep.seed, sink, _cache_class(req, prep)
+            )
         except Overloaded as e:
             prep.processor.close()
             self.metrics.request_done("rejected")
@@ -194,6 +196,7 @@ class App:
                     "generated_tokens_total": s.generated if s else 0,
                     "steps_total": s.steps if s else 0,
                     "step_seconds_total": round(s.step_seconds, 6) if s else 0.0,
+                    "prefix_cache": s.prefix_cache if s else {},
                 }
             )
         return out
@@ -219,3 +222,12 @@ class App:
 
 
 __all__ = ["App", "error_body"]
+
+
+def _cache_class(req: HttpRequest, prep: Prepared) -> str:
+    """The prefix cache's TTL class: the X-DeepRing-Cache-Class header (agent | chat) when
+    given, else the request's own (agent when it declares tools)."""
+    given = req.headers.get("x-deepring-cache-class", "").strip().lower()
+    if given and given not in CACHE_CLASSES:
+        raise ApiError(400, f"X-DeepRing-Cache-Class must be one of {CACHE_CLASSES}, got {given!r}")
+    return given or prep.cache_class

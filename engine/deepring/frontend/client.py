@@ -35,6 +35,7 @@ from deepring.frontend.requests import Overloaded, RequestState, Sink
 from deepring.ipc import sockets
 from deepring.ipc.codec import decode
 from deepring.ipc.messages import Abort, Health, Message, Shutdown, Stats, Submit, Tokens
+from deepring.routing.prefix_estimate import PrefixEstimate
 from deepring.routing.registry import WorkerRegistry, WorkerState
 from deepring.sampling.params import SamplingParams
 
@@ -52,6 +53,7 @@ class EngineClient:
         self.sock: zmq.Socket | None = None
         self.loop: asyncio.AbstractEventLoop | None = None
         self.registry = WorkerRegistry(config.expect_prefill, config.expect_decode)
+        self._estimate = PrefixEstimate()
         self.requests: dict[int, RequestState] = {}
         self.queue: deque[RequestState] = deque()
         self.gen = random.SystemRandom().getrandbits(62) + 1
@@ -110,8 +112,16 @@ class EngineClient:
 
     # ---- requests ------------------------------------------------------------------------------
 
-    def submit(self, prompt_ids: list[int], params: SamplingParams, seed: int, sink: Sink) -> int:
-        """Queue a request; its output goes to `sink`. Raises Overloaded when full."""
+    def submit(
+        self,
+        prompt_ids: list[int],
+        params: SamplingParams,
+        seed: int,
+        sink: Sink,
+        cache_class: str = "chat",
+    ) -> int:
+        """Queue a request; its output goes to `sink`. cache_class: the prefix cache's TTL
+        class ("chat" | "agent"). Raises Overloaded when full."""
         limit = self.registry.capacity + self.config.max_queued_requests
         if len(self.requests) >= limit:
             raise Overloaded(
@@ -127,12 +137,21 @@ class EngineClient:
             seed=seed,
             sink=sink,
             arrival=time.monotonic(),
+            cache_class=cache_class,
         )
+        st.uncached = len(prompt_ids) - self._cached_estimate(st.prompt_ids)
         self.requests[rid] = st
         self.metrics.prompt_tokens += len(prompt_ids)
         if not self._dispatch(st):
             self.queue.append(st)
         return rid
+
+    def _cached_estimate(self, prompt_ids: np.ndarray) -> int:
+        """Prompt tokens the prefix cache will likely serve (routing.prefix_estimate)."""
+        bs = self.registry.router.block_size
+        if self._estimate.block_size != bs:
+            self._estimate = PrefixEstimate(bs)
+        return self._estimate.cached_tokens(prompt_ids)
 
     def abort(self, rid: int, reason: str = "client disconnected") -> None:
         """Stop a request (its worker frees its blocks on its next loop turn)."""
@@ -149,7 +168,7 @@ class EngineClient:
 
     def _dispatch(self, st: RequestState) -> bool:
         n = len(st.prompt_ids)
-        pair = self.registry.route(n)
+        pair = self.registry.route(n, st.uncached)
         if pair is None:
             return False
         p, d = pair
@@ -161,11 +180,12 @@ class EngineClient:
             decode_worker=d.id,
             decode_gen=d.gen,
             decode_addr=d.info.get("handoff_addr") or "",
+            cache_class=st.cache_class,
         )
         if not self._send(p.id, msg):
             return False
         st.prefill, st.decode, st.stage = p.id, d.id, "prefill"
-        self.registry.assign(st.rid, n, p, d)
+        self.registry.assign(st.rid, n, p, d, st.uncached)
         return True
 
     def _dispatch_queued(self) -> None:
@@ -338,7 +358,7 @@ class EngineClient:
                 continue
             if st.stage == "prefill" and w.role == "prefill":
                 st.stage = "decode"  # the first token is in: the prompt is off w's queue
-                self.registry.prefilled(rid, len(st.prompt_ids), w)
+                self.registry.prefilled(rid, st.uncached, w)
             st.add(offset, chunk.tolist())
             st.received += count
             self.registry.grew(rid, st.decode, count)
@@ -349,6 +369,7 @@ class EngineClient:
             st = requests.get(rid)
             if st is not None:
                 st.cache_hit = int(hit)
+                self.metrics.cached_prompt_tokens += st.cache_hit
         for rid, reason, total in msg.finished:
             st = requests.get(rid)
             if st is not None:

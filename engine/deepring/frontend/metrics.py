@@ -78,6 +78,7 @@ class Metrics:
         )
         self.requests: dict[str, int] = {}
         self.prompt_tokens = 0
+        self.cached_prompt_tokens = 0  # served from the prefix cache
         self.generated_tokens = 0
         self.rate = Rate()
 
@@ -107,6 +108,12 @@ class Metrics:
             "counter",
             "Prompt tokens submitted.",
             [("", self.prompt_tokens)],
+        )
+        metric(
+            "deepring_prompt_cached_tokens_total",
+            "counter",
+            "Prompt tokens served from the prefix cache.",
+            [("", self.cached_prompt_tokens)],
         )
         metric(
             "deepring_generation_tokens_total",
@@ -146,4 +153,29 @@ class Metrics:
                 help_text,
                 [(f'{{worker="{w["worker"]}",role="{w["role"]}"}}', w[key]) for w in workers],
             )
+        self._prefix_cache(metric, workers)
         return "\n".join(lines) + "\n"
+
+    @staticmethod
+    def _prefix_cache(metric, workers: list[dict]) -> None:
+        """Each worker's prefix-cache counters (core.prefix report): per tier hits, misses,
+        bytes, evictions, expiries, store errors; ring snapshot hits; replayed tokens."""
+        keys = sorted({k for w in workers for k in w.get("prefix_cache", {})})
+        for key in keys:
+            gauge = key in _PREFIX_GAUGES
+            metric(
+                f"deepring_prefix_cache_{key}" + ("" if gauge else "_total"),
+                "gauge" if gauge else "counter",
+                f"Prefix cache: {key.replace('_', ' ')}.",
+                [
+                    (f'{{worker="{w["worker"]}",role="{w["role"]}"}}', w["prefix_cache"][key])
+                    for w in workers
+                    if key in w.get("prefix_cache", {})
+                ],
+            )
+
+
+# Prefix-cache values that go up and down (the others only grow).
+_PREFIX_GAUGES = frozenset(
+    {"device_blocks", "host_blocks", "host_bytes", "ring_snapshots", "ring_bytes"}
+)

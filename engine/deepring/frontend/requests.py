@@ -44,6 +44,8 @@ class RequestState:
     decode: str | None = None
     stage: str = "queued"  # queued | prefill | decode
     cache_hit: int = 0
+    cache_class: str = "chat"  # the prefix cache's TTL class
+    uncached: int = 0  # prompt tokens the prefill worker is expected to compute (routing)
     next_offset: int = 0
     received: int = 0  # tokens received (in order or not), counted on the decode worker's load
     ready_ids: list[int] = field(default_factory=list)

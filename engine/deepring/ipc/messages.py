@@ -46,7 +46,7 @@ class Submit(Message):
     """A new request for a prefill worker, with the decode worker it must hand off to."""
 
     TYPE: ClassVar[str] = "submit"
-    VERSION: ClassVar[int] = 2
+    VERSION: ClassVar[int] = 3
     rid: int
     prompt_ids: np.ndarray = field(metadata={"frame": IDS})
     sampling: SamplingParams = field(metadata=SAMPLING)
@@ -54,6 +54,7 @@ class Submit(Message):
     decode_worker: str
     decode_gen: int  # incarnation of that decode worker (stale handoffs are dropped)
     decode_addr: str  # its handoff endpoint
+    cache_class: str  # prefix-cache TTL class: "chat" | "agent"
 
 
 @dataclass(frozen=True, eq=False)
@@ -67,7 +68,7 @@ class Handoff(Message):
     """
 
     TYPE: ClassVar[str] = "handoff"
-    VERSION: ClassVar[int] = 2
+    VERSION: ClassVar[int] = 3
     rid: int
     token_ids: np.ndarray = field(metadata={"frame": IDS})
     prompt_len: int
@@ -76,6 +77,7 @@ class Handoff(Message):
     sampling: SamplingParams = field(metadata=SAMPLING)
     seed: int
     decode_gen: int
+    cache_class: str  # prefix-cache TTL class of the request ("chat" | "agent")
     slot_state: bytes = field(metadata={"frame": RAW})
     block_state: bytes = field(metadata={"frame": RAW})
 
@@ -130,6 +132,7 @@ class Stats(Message):
     """A worker's load, for the router and /metrics."""
 
     TYPE: ClassVar[str] = "stats"
+    VERSION: ClassVar[int] = 2
     worker: str
     gen: int
     waiting: int  # requests queued in the worker (incl. handoffs not admitted yet)
@@ -143,6 +146,7 @@ class Stats(Message):
     step_seconds: float  # wall time spent in engine steps since start
     generated: int  # tokens sampled since start
     preemptions: int
+    prefix_cache: dict  # the prefix cache's counters (core.prefix report; {} when it is off)
 
 
 @dataclass(frozen=True, eq=False)

@@ -67,6 +67,9 @@ class Prepared:
     params: SamplingParams
     seed: int  # the request's seed, or a fresh random one
     processor: StreamProcessor
+    # The prefix cache's TTL class: "agent" when the request declares tools, else "chat"
+    # (the X-DeepRing-Cache-Class header overrides it; see docs/configuration.md).
+    cache_class: str = "chat"
 
 
 @dataclass
@@ -169,4 +172,5 @@ class Recipe:
             params=params,
             seed=int(seed),
             processor=processor,
+            cache_class="agent" if conv.conversation.tools else "chat",
         )

@@ -88,19 +88,26 @@ class WorkerRegistry:
 
     # ---- load bookkeeping ----------------------------------------------------------------------
 
-    def route(self, n_tokens: int) -> tuple[WorkerState, WorkerState] | None:
-        """The prefill and decode workers for a prompt of n_tokens (None: no ready pair)."""
-        pre = self.router.pick_prefill([w.load for w in self.ready_workers("prefill")], n_tokens)
+    def route(
+        self, n_tokens: int, uncached: int | None = None
+    ) -> tuple[WorkerState, WorkerState] | None:
+        """The prefill and decode workers for a prompt of n_tokens of which `uncached` must be
+        computed (default all; None: no ready pair)."""
+        todo = n_tokens if uncached is None else uncached
+        pre = self.router.pick_prefill([w.load for w in self.ready_workers("prefill")], todo)
         dec = self.router.pick_decode([w.load for w in self.ready_workers("decode")], n_tokens)
         if pre is None or dec is None:
             return None
         return self.workers[pre.worker], self.workers[dec.worker]
 
-    def assign(self, rid: int, n_tokens: int, p: WorkerState, d: WorkerState) -> None:
-        """A request was sent to prefill worker p, to be handed to decode worker d."""
+    def assign(
+        self, rid: int, n_tokens: int, p: WorkerState, d: WorkerState, uncached: int | None = None
+    ) -> None:
+        """A request was sent to prefill worker p (which computes `uncached` of its n_tokens,
+        default all), to be handed to decode worker d."""
         p.rids.add(rid)
         p.load.requests += 1
-        p.load.queued_tokens += n_tokens
+        p.load.queued_tokens += n_tokens if uncached is None else uncached
         d.rids.add(rid)
         d.load.requests += 1
         d.load.used_tokens += n_tokens

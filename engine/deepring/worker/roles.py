@@ -139,7 +139,9 @@ class PrefillRole(Role):
             self._reject(msg.rid, f"{self.worker_id} is shutting down")
             return
         try:
-            self.engine.add(msg.rid, msg.prompt_ids.tolist(), msg.sampling, msg.seed)
+            self.engine.add(
+                msg.rid, msg.prompt_ids.tolist(), msg.sampling, msg.seed, msg.cache_class
+            )
         except ValueError as e:
             self._reject(msg.rid, f"request rejected by {self.worker_id}: {e}")
             return
@@ -163,7 +165,7 @@ class PrefillRole(Role):
                 continue
             req = r.request
             out.token(req.rid, 0, r.new_token)
-            out.cache_hits.append([req.rid, 0])  # no prefix cache yet: nothing was reused
+            out.cache_hits.append([req.rid, req.cache_hit])
             if r.finished:  # EOS or max_tokens=1: nothing left for a decode worker
                 out.finish(req.rid, req.finish_reason or "stop", len(req.output_ids))
                 self.targets.pop(req.rid, None)
@@ -184,10 +186,11 @@ class PrefillRole(Role):
                 token_ids=np.asarray(req.prompt_ids + req.output_ids, dtype=np.int32),
                 prompt_len=len(req.prompt_ids),
                 num_cached=req.num_cached,
-                cache_hit=0,
+                cache_hit=req.cache_hit,
                 sampling=req.params,
                 seed=req.seed,
                 decode_gen=target.gen,
+                cache_class=req.cache_class,
                 slot_state=state.slot_state,
                 block_state=state.block_state,
             )
@@ -268,6 +271,7 @@ class DecodeRole(Role):
                     h.sampling,
                     h.seed,
                     CacheState(h.slot_state, h.block_state),
+                    h.cache_class,
                 )
             except ValueError as e:
                 failed.error(h.rid, f"handoff rejected by {self.worker_id}: {e}")
