@@ -102,6 +102,8 @@ def test_counters_are_the_documented_ones(store):
         (lambda s: s.put_many([(key(1), b"v", 0)]), ValueError),
         (lambda s: s.put_many([(key(1), b"v", float("inf"))]), ValueError),
         (lambda s: s.put_many([(key(1), b"v", -1)]), ValueError),
+        (lambda s: s.put_many([(key(1), b"v", 1e300)]), ValueError),
+        (lambda s: s.put_many([(key(1), b"v", float("nan"))]), ValueError),
         (lambda s: s.put_many([(key(1), "text", 10)]), TypeError),
         (lambda s: s.delete_many([key(1) + b"x"]), ValueError),
     ],

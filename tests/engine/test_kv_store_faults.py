@@ -120,7 +120,11 @@ def test_sweep_removes_damaged_files_and_badly_named_ones(store):
     store.path_of(key(0)).write_bytes(b"junk")
     odd = store.path_of(key(1)).parent / "zz.blk"  # our suffix, not a key's name
     odd.write_bytes(b"junk")
+    (odd.parent / "dir.blk").mkdir()  # not a file at all: left alone, and no failure
+    store.path_of(key(3)).parent.mkdir(parents=True, exist_ok=True)
+    store.path_of(key(3)).mkdir()
     assert store.sweep() == 2
+    assert store.stats()["errors"] == 0
     assert store.stats()["corrupt"] == 2
     assert not odd.exists()
     assert store.get_many([key(1), key(2)]) == [value(1), value(2)]

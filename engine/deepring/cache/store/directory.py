@@ -331,7 +331,9 @@ class DirectoryStore(BlockStore):
         try:
             if key is None:  # our suffix, not a key's name: nothing reads it
                 st = os.stat(path)
-                verdict: Header | FrameError | None = FrameError("not a key's file name")
+                if not stat.S_ISREG(st.st_mode):
+                    return 0
+                verdict: Header | FrameError = FrameError("not a key's file name")
             else:
                 found = self._open_header(path, key)
                 if found is None:

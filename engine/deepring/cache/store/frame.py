@@ -47,13 +47,16 @@ class Header(NamedTuple):
     crc: int
 
 
+MAX_TTL_S = 10 * 365 * 86400  # far beyond any cache's use; keeps every TTL a sane integer
+
+
 def ttl_to_ms(ttl_s: float) -> int:
-    """A TTL in seconds as whole milliseconds (at least 1); a TTL that is not a positive finite
-    number is a ValueError."""
+    """A TTL in seconds as whole milliseconds (at least 1); a TTL that is not a number in
+    (0, MAX_TTL_S] is a ValueError."""
     if isinstance(ttl_s, bool) or not isinstance(ttl_s, (int, float)):
         raise TypeError(f"a TTL is a number of seconds, got {type(ttl_s).__name__}")
-    if not math.isfinite(ttl_s) or ttl_s <= 0:
-        raise ValueError(f"a TTL must be a positive number of seconds, got {ttl_s!r}")
+    if not (0 < ttl_s <= MAX_TTL_S):  # also refuses nan
+        raise ValueError(f"a TTL must be a number of seconds in (0, {MAX_TTL_S}], got {ttl_s!r}")
     return max(1, math.ceil(ttl_s * 1000))
 
 
