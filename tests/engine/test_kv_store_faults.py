@@ -124,10 +124,12 @@ def test_sweep_removes_damaged_files_and_badly_named_ones(store):
     store.path_of(key(3)).parent.mkdir(parents=True, exist_ok=True)
     store.path_of(key(3)).mkdir()
     assert store.sweep() == 2
-    assert store.stats()["errors"] == 0
     assert store.stats()["corrupt"] == 2
     assert not odd.exists()
     assert store.get_many([key(1), key(2)]) == [value(1), value(2)]
+    assert store.delete_many([key(3)]) == 0
+    assert store.clear() == 2  # keys 1 and 2; the directories stay
+    assert store.stats()["errors"] == 0
 
 
 def test_scan_skips_damaged_files(store):

@@ -142,7 +142,7 @@ class DirectoryStore(BlockStore):
         for key in keys:
             try:
                 os.unlink(self.path_of(key))
-            except FileNotFoundError:
+            except (FileNotFoundError, IsADirectoryError):  # a directory: not a block
                 yield False
             else:
                 yield True
@@ -173,7 +173,7 @@ class DirectoryStore(BlockStore):
         now = self.clock()
         for entry in self._walk():
             name = entry.name
-            if name.endswith(BLOCK_SUFFIX):
+            if name.endswith(BLOCK_SUFFIX) and entry.is_file(follow_symlinks=False):
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(entry.path)
                     removed += 1
