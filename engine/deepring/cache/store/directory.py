@@ -198,7 +198,8 @@ class DirectoryStore(BlockStore):
             try:
                 header = parse_header(_read_exact(fd, HEADER_BYTES), key)
                 if st.st_size != HEADER_BYTES + header.length:
-                    raise FrameError(f"file of {st.st_size} bytes, the header says more or less")
+                    want = HEADER_BYTES + header.length
+                    raise FrameError(f"file of {st.st_size} bytes, the header says {want}")
                 if now >= st.st_mtime + header.ttl_ms / 1000:
                     self._count(expired=1)
                     self._remove_if_same(path, st, strict=False)
