@@ -1,4 +1,4 @@
-"""`deepring` command line: serve | frontend | prefill | decode | generate | bench."""
+"""`deepring` command line: serve | frontend | prefill | decode | generate | bench | kv-store."""
 
 from __future__ import annotations
 
@@ -99,7 +99,7 @@ def _add_generate(sub: argparse._SubParsersAction) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from deepring import cli_serve
+    from deepring import cli_kv_store, cli_serve
 
     parser = argparse.ArgumentParser(prog="deepring", description=__doc__)
     parser.add_argument("--version", action="version", version=_version_line())
@@ -107,6 +107,7 @@ def build_parser() -> argparse.ArgumentParser:
     cli_serve.add_serving_commands(sub)
     _add_generate(sub)
     cli_serve.add_bench_command(sub)
+    cli_kv_store.add_kv_store_command(sub)
     return parser
 
 

@@ -12,7 +12,7 @@ import deepring_recipe
 import pytest
 from deepring import cli
 
-SUBCOMMANDS = ["serve", "frontend", "prefill", "decode", "generate", "bench"]
+SUBCOMMANDS = ["serve", "frontend", "prefill", "decode", "generate", "bench", "kv-store"]
 
 
 def test_help_lists_every_subcommand():
