@@ -240,6 +240,9 @@ class EngineCore:
         t0 = time.perf_counter()
         scheduled = self.scheduler.schedule()
         if not scheduled:
+            if self.prefix is not None and self.scheduler.waiting:
+                # Only store reads are pending: wait for one (bounded) instead of spinning.
+                self.prefix.wait_reads(list(self.scheduler.waiting), timeout=0.01)
             return []
         self.num_steps += 1
         tokens = self.runner.step(scheduled)

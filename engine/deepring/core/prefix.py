@@ -27,7 +27,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -162,6 +162,12 @@ class PrefixCache:
                 if rec is not None:
                     got[rk] = rec
         return got
+
+    def wait_reads(self, reqs: list[Request], timeout: float) -> None:
+        """Block until one of these requests' store reads is done, or `timeout` seconds."""
+        pending = [r.fetch for r in reqs if r.fetch is not None]
+        if pending:
+            wait(pending, timeout=timeout, return_when=FIRST_COMPLETED)
 
     def ready(self, req: Request) -> bool:
         """Whether the request's store read-ahead is done (its records are then kept on it)."""
