@@ -4,6 +4,7 @@ server without the cache, and a restarted server (same cache directory) still hi
 
 from __future__ import annotations
 
+import urllib.error
 import urllib.request
 
 import anthropic
@@ -53,6 +54,8 @@ def runs(tmp_path_factory, kv_env):
     try:
         out["cache"] = _chat_turns(s.url)
         out["other_protocols"] = _other_protocols(s.url)
+        out["bad_class"] = _status_with_class(s.url, "forever")
+        out["agent_class"] = _status_with_class(s.url, "Agent")
         out["health"] = s.health()
         with urllib.request.urlopen(f"{s.url}/metrics", timeout=10) as r:
             out["metrics"] = r.read().decode()
@@ -97,8 +100,9 @@ def test_a_restarted_server_hits_its_cache_directory(runs):
     assert first.usage.model_extra["prompt_cache_hit_tokens"] == _cached_floor(
         first.usage.prompt_tokens
     )
-    assert second.usage.model_extra["prompt_cache_hit_tokens"] >= (
-        runs["cache"][1].usage.model_extra["prompt_cache_hit_tokens"]
+    assert (
+        second.usage.model_extra["prompt_cache_hit_tokens"]
+        >= (runs["cache"][1].usage.model_extra["prompt_cache_hit_tokens"])
     )
 
 
@@ -144,3 +148,22 @@ def test_health_and_metrics_show_the_prefix_cache(runs):
     text = runs["metrics"]
     assert "deepring_prompt_cached_tokens_total" in text
     assert 'deepring_prefix_cache_hit_tokens_total{worker="prefill-0",role="prefill"}' in text
+
+
+def _status_with_class(url: str, cache_class: str) -> int:
+    body = b'{"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}'
+    req = urllib.request.Request(
+        f"{url}/v1/chat/completions",
+        data=body,
+        headers={"content-type": "application/json", "x-deepring-cache-class": cache_class},
+    )
+    try:
+        with urllib.request.urlopen(req, timeout=60) as r:
+            return r.status
+    except urllib.error.HTTPError as e:
+        return e.code
+
+
+def test_the_cache_class_header_is_checked(runs):
+    assert runs["bad_class"] == 400
+    assert runs["agent_class"] == 200

@@ -46,6 +46,7 @@ def engine(
     store=None,
     host_bytes: int = 1 << 30,
     identity: str = "test-model",
+    clock=None,
 ) -> tuple[EngineCore, Recording]:
     rec = Recording(model)
     pool = KVCachePool(
@@ -66,6 +67,7 @@ def engine(
             identity=identity,
             num_layers=model.config.num_hidden_layers,
             store=store,
+            **({"clock": clock} if clock is not None else {}),
         )
     return eng, rec
 

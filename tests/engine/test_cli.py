@@ -76,3 +76,24 @@ def test_role_commands_need_their_endpoints(capsys, role):
         cli.main([role])
     assert exit_info.value.code == 2
     assert "required" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("text", "size"),
+    [("1024", 1024), ("2GiB", 2 << 30), ("512MiB", 512 << 20), ("1.5GB", 1_500_000_000),
+     ("64 k", 64_000)],
+)  # fmt: skip
+def test_sizes_parse(text, size):
+    from deepring.cli_serve import _size
+
+    assert _size(text) == size
+
+
+@pytest.mark.parametrize("text", ["", "GiB", "2 parsecs", "-1GiB", "1e"])
+def test_bad_sizes_are_refused(text):
+    import argparse
+
+    from deepring.cli_serve import _size
+
+    with pytest.raises(argparse.ArgumentTypeError):
+        _size(text)

@@ -34,7 +34,7 @@ def _dense_reference(q, kv, ring, comp, lay, comp_idx, ratio, sinks, scale, wind
         for r in range(n):
             pos = p0 + r
             keys = []
-            for kp in range(max(0, pos - window + 1), pos + 1):
+            for kp in range(max(lay.floor(s), pos - window + 1), pos + 1):
                 keys.append(ring[slot, kp % RING] if kp < p0 else kv[a + kp - p0])
             if comp is not None:
                 if comp_idx is not None:
@@ -301,3 +301,26 @@ def test_indexer_picks_of_multi_row_chunks_are_the_top_k_set():
         assert torch.equal(got[40], want[40])  # the decode row, in order
         for row in range(t):
             assert sorted(got[row].tolist()) == sorted(want[row].tolist()), (topk, row)
+
+
+@pytest.mark.parametrize("mode", ["window", "dense", "topk"])
+@pytest.mark.parametrize("flash", FLASH)
+def test_prefill_attention_with_window_floors(mode, flash):
+    """A replayed window (prefix cache): no key below a request's floor is seen, even where
+    the ring holds one; requests with and without floors share the step."""
+    lay = _layout([13, 6, 5], [9, 11, 7], [2, 0, 1], [[3, 1, 4], [5, 2, 7], [6, 0, 0]])
+    lay.window_floors = [10, 6, 0]  # mid-ring, at the chunk start, none
+    lay.window_floors_t = torch.tensor(lay.window_floors)
+    args = _prefill_case(lay, mode, seed=3)
+    want = _dense_reference(*args)
+    for block_q in (2, 128):
+        got = attention_prefill.prefill_attention_torch(*args, block_q=block_q, flash=flash)
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    # Poisoning the ring positions below request 0's floor (5..9: the ring of 8 before its
+    # start at 13 holds 5..12) changes nothing.
+    ring = args[2].clone()
+    ring[2, [p % RING for p in range(5, 10)]] = float("nan")
+    got = attention_prefill.prefill_attention_torch(
+        args[0], args[1], ring, *args[3:], block_q=4, flash=flash
+    )
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)

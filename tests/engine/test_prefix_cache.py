@@ -4,6 +4,8 @@ logits; cached blocks are never rewritten; the allocator's LRU and the TTLs beha
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 from deepring.cache.allocator import BlockAllocator
@@ -241,3 +243,59 @@ def test_host_tier_ttl_with_an_injected_clock():
     assert t.get(b"a") is None
     assert t.get(b"b") == b"2"
     assert t.stats["expired"] == 1
+
+
+@pytest.mark.parametrize("budget", [5, 11, 24])
+def test_a_replay_split_over_many_steps_equals_a_cold_run(model, cold, budget):
+    """A small step budget cuts the replayed window into chunks that end before the hit (and
+    shares steps with another request): each chunk still starts from the replay's floor and
+    writes nothing into the cached blocks."""
+    first = ids(5 * BLOCK + 3, 13)
+    second = first + ids(12, 14)
+    other = ids(40, 15)
+    p = params(3)
+    refs = [run(*cold, None, q, p)[0] for q in (second, other)]
+    eng, rec = engine(model, replay="exact", budget=budget)
+    run(eng, rec, 1, first, p)
+    eng.prefix.rings.clear()
+    reqs = [eng.add(10 + i, q, p, 5) for i, q in enumerate((second, other))]
+    for _ in range(5000):
+        if not eng.has_work:
+            break
+        eng.step()
+    assert reqs[0].cache_hit == 5 * BLOCK
+    assert eng.prefix.report()["replayed_tokens"] > budget
+    assert [r.output_ids for r in reqs] == refs
+
+
+def test_ring_snapshots_expire_after_their_ttl(model, cold):
+    """A ring snapshot older than its TTL (180 s by default) is gone: the next hit replays,
+    and still matches a cold run."""
+    now = [1000.0]
+    eng, rec = engine(model, replay="exact", clock=lambda: now[0])
+    first = ids(3 * BLOCK + 4, 70)
+    p = params(3)
+    run(eng, rec, 1, first, p)
+    now[0] += eng.prefix.config.ring_ttl_s - 1
+    run(eng, rec, 2, [*first, 1], p)
+    assert eng.prefix.report()["ring_hits"] == 1
+    now[0] += 2  # the first turn's snapshots are now past their TTL
+    second = [*first, 2, 3]
+    out, hit, _ = run(eng, rec, 3, second, p)
+    stats = eng.prefix.report()
+    assert hit == 3 * BLOCK
+    assert stats["ring_misses"] == 1
+    assert stats["ring_expired"] >= 1
+    assert out == run(*cold, None, second, p)[0]
+
+
+def test_the_pool_is_sized_by_bytes(deepring_cache_dir):
+    from deepring.config import EngineSpec
+    from deepring.core.build import build_engine
+
+    spec = EngineSpec(model="tiny", max_model_len=512, max_num_seqs=2, dtype="float32")
+    per_block = build_engine(spec).engine.pool.bytes_per_block()
+    sized = dataclasses.replace(spec, kv_cache_memory=40 * per_block + per_block // 2)
+    assert build_engine(sized).engine.pool.cache.num_blocks == 40
+    with pytest.raises(ValueError, match="kv-cache-memory"):
+        build_engine(dataclasses.replace(spec, kv_cache_memory=3 * per_block))

@@ -6,6 +6,7 @@ a failing disk are misses, never errors; TTL classes reach the store."""
 from __future__ import annotations
 
 import pytest
+import torch
 from deepring.cache.store import DirectoryStore, open_store
 from deepring.cache.store.tiered import TieredStore
 from kv_store_helpers import RedisServer
@@ -68,11 +69,12 @@ def test_a_restarted_engine_hits_the_store_and_matches_a_cold_run(
     }
     store = stores[kind]()
     first, second = _conversation(3)
-    p = params(4)
-    ref = run(*cold, None, second, p)[0]
-    eng, (out, hit, _) = _serve_turns(model, store, first, second, p)
+    p = params(4, temperature=0.7)  # sampled: a seeded stream over the same logits
+    ref, _, ref_logits = run(*cold, None, second, p)
+    eng, (out, hit, logits) = _serve_turns(model, store, first, second, p)
     assert hit == 4 * BLOCK
     assert out == ref
+    torch.testing.assert_close(logits, ref_logits, atol=2e-5, rtol=0)
     stats = eng.prefix.report()
     assert stats["hit_blocks_store"] == 4
     # The ring snapshot of the prompt's last block boundary was stored too: no replay.
@@ -102,7 +104,7 @@ def _ring_keys(eng, prompt):
     return [(ring_key(k), k) for k in chain_keys(eng.prefix.root, prompt, BLOCK)]
 
 
-@pytest.mark.parametrize("damage", ["flip", "truncate", "foreign"])
+@pytest.mark.parametrize("damage", ["flip", "truncate", "foreign", "version"])
 def test_damaged_block_files_are_misses(model, cold, tmp_path, damage):
     """A stored block that fails its checks (the store's frame or the engine's record) is a
     miss: the prefix is recomputed from there, the output is a cold run's."""
@@ -122,17 +124,26 @@ def test_damaged_block_files_are_misses(model, cold, tmp_path, damage):
         path.write_bytes(bytes(data))
     elif damage == "truncate":
         path.write_bytes(bytes(data[: len(data) // 2]))
-    else:  # a valid store entry holding another layout's record: the engine refuses it
-        (other,) = store.get_many([keys[0]])
+    bad = b""
+    if damage in ("foreign", "version"):  # a valid store entry whose record the engine refuses
+        (other,) = store.get_many([keys[2]])
         bad = bytearray(other)
-        bad[6] ^= 0xFF  # inside the record's layout fingerprint
+        if damage == "foreign":
+            bad[8] ^= 0xFF  # inside the record's layout fingerprint
+        else:
+            bad[4] += 1  # the record's format version
         store.put_many([(keys[2], bytes(bad), 60.0)])
     eng2, rec2 = engine(model, replay="exact", store=store)
     out, hit, _ = run(eng2, rec2, 2, second, p)
     assert hit == 2 * BLOCK  # blocks 0 and 1 still hit; block 2 and after are recomputed
     assert out == run(*cold, None, second, p)[0]
-    if damage == "foreign":
+    if damage in ("foreign", "version"):
         assert eng2.prefix.report()["bad_records"] == 1
+        eng2.prefix.drain()
+        # Deleted from the store, then replaced by the block this engine recomputed.
+        (now,) = store.get_many([keys[2]])
+        assert now is not None
+        assert now != bytes(bad)
     else:
         assert store.stats()["corrupt"] == 1
 

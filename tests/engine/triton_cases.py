@@ -131,6 +131,24 @@ def _topk_idx(layout: SeqLayout, k: int, seed: int) -> torch.Tensor:
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("mode", ["window", "dense", "topk"])
+def test_prefill_attention_with_window_floors(dtype, mode):
+    """Prefix-cache replay: the first request sees no window key below position 19."""
+    q, kv, ring, comp, sinks = _attn_inputs(dtype)
+    lay = _layout(STARTS, LENS, SLOTS, TABLES)
+    lay.window_floors = [19, 0]
+    lay.window_floors_t = torch.tensor(lay.window_floors, dtype=torch.long, device=DEV)
+    comp_t = None if mode == "window" else comp
+    idx = _topk_idx(lay, 3, 8) if mode == "topk" else None
+    args = (q, kv, ring, comp_t, lay, idx, RATIO, sinks, 32**-0.5, WINDOW)
+    torch.testing.assert_close(
+        attention_prefill.prefill_attention_triton(*args, block_n=16),
+        attention_prefill.prefill_attention_torch(*args),
+        **tol(dtype),
+    )
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("mode", ["window", "dense", "topk"])
 def test_prefill_attention(dtype, mode):
     q, kv, ring, comp, sinks = _attn_inputs(dtype)
     lay = _layout(STARTS, LENS, SLOTS, TABLES)

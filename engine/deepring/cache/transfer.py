@@ -10,7 +10,7 @@ free slot and any free blocks and continue exactly where the sender stopped.
 
 One record holds the slot part or the block part. Format version 1, little-endian:
 
-    header   magic b"DRKV" | format version u16 | kind u8 (1 slot, 2 blocks)
+    header   magic b"DRKV" | format version u16 | kind u8 (1 slot, 2 blocks, 3 rings)
              | layout fingerprint 16 bytes | rows u32 | row_bytes u64 | crc32 of the payload u32
     payload  rows x row_bytes bytes: one row per slot or per block, each row the bytes of that
              slot's (block's) row of every pool tensor, concatenated in the pool's order
@@ -38,7 +38,8 @@ MAGIC = b"DRKV"
 FORMAT_VERSION = 2  # 2: CSA block edges (cache.pool)
 KIND_SLOT = 1
 KIND_BLOCKS = 2
-_KIND_NAMES = {KIND_SLOT: "slot", KIND_BLOCKS: "block"}
+KIND_RING = 3  # the window rings of a slot only (prefix-cache snapshots, see core.prefix)
+_KIND_NAMES = {KIND_SLOT: "slot", KIND_BLOCKS: "block", KIND_RING: "ring"}
 _HEADER = struct.Struct("<4sHB16sIQI")
 HEADER_BYTES = _HEADER.size
 # The fingerprint of a pool without tensors (zero-cost mode): records carry no bytes.
@@ -102,6 +103,8 @@ def _row_bytes(tensors: list[torch.Tensor]) -> int:
 def _tensors(pool: KVCachePool | None, kind: int) -> list[torch.Tensor]:
     if pool is None:
         return []
+    if kind == KIND_RING:
+        return [lc.ring for lc in pool.layers]
     return pool.slot_tensors() if kind == KIND_SLOT else pool.block_tensors()
 
 
@@ -167,6 +170,15 @@ def export_slot(pool: KVCachePool | None, slot: int) -> bytearray:
 
 def export_blocks(pool: KVCachePool | None, blocks: list[int]) -> bytearray:
     return _pack(KIND_BLOCKS, pool, list(blocks))
+
+
+def export_ring(pool: KVCachePool | None, slot: int) -> bytearray:
+    """The window rings of `slot` (without its compressor tails)."""
+    return _pack(KIND_RING, pool, [slot])
+
+
+def import_ring(pool: KVCachePool | None, buf: Buffer, slot: int) -> None:
+    _write(KIND_RING, _checked(KIND_RING, buf, pool, 1), pool, [slot])
 
 
 def import_slot(pool: KVCachePool | None, buf: Buffer, slot: int) -> None:

@@ -22,6 +22,7 @@ from deepring.model.config import ModelConfig
 from deepring.model.model import DeepseekV4
 
 log = logging.getLogger("deepring.cache")
+SWEEP_INTERVAL_S = 600.0
 
 
 @dataclass
@@ -84,7 +85,8 @@ def build_engine(spec: EngineSpec, *, progress: bool = False) -> BuiltEngine:
         eos_token_ids=config.eos_token_ids,
     )
     if spec.prefix_cache and model is not None:
-        engine.enable_prefix_cache(
+        store = open_stores(spec)
+        prefix = engine.enable_prefix_cache(
             PrefixConfig(
                 host_bytes=spec.kv_host_memory,
                 ring_ttl_s=spec.swa_ttl_s,
@@ -94,8 +96,12 @@ def build_engine(spec: EngineSpec, *, progress: bool = False) -> BuiltEngine:
             ),
             identity=model_identity(spec, path, model.dtype),
             num_layers=config.num_hidden_layers,
-            store=open_stores(spec),
+            store=store,
         )
+        if store is not None:  # expired blocks leave the directory store (Redis expires its own)
+            from deepring.cache.store import Sweeper
+
+            prefix.sweeper = Sweeper(store, SWEEP_INTERVAL_S).start()
     random_weights = spec.model == "tiny" or spec.load_format == "dummy"
     return BuiltEngine(engine, config, path, model, random_weights)
 

@@ -13,6 +13,7 @@ Request ids are integers, chosen by the caller.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from deepring.cache.allocator import BlockAllocator, SlotAllocator
@@ -73,6 +74,7 @@ class EngineCore:
         identity: str,
         num_layers: int,
         store: Store | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> PrefixCache:
         """Turn on the prefix KV cache (core.prefix). identity names the model's weights (the
         hash chain's root); num_layers: backbone layers (exact replay's receptive field)."""
@@ -81,8 +83,9 @@ class EngineCore:
         if self.has_work:
             raise ValueError("enable the prefix cache before adding requests")
         self.prefix = PrefixCache(
-            self.pool, self.blocks, config, identity=identity, num_layers=num_layers, store=store
-        )
+            self.pool, self.blocks, config, identity=identity, num_layers=num_layers, store=store,
+            clock=clock,
+        )  # fmt: skip
         self.scheduler.prefix = self.prefix
         self.scheduler.window = self.pool.layout.window
         return self.prefix

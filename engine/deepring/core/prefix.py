@@ -37,10 +37,10 @@ from deepring.cache.prefix import HostTier, chain_keys, ring_key, root_key
 from deepring.cache.transfer import (
     StateError,
     export_blocks,
-    export_slot,
+    export_ring,
     fingerprint,
     import_blocks,
-    import_slot,
+    import_ring,
 )
 from deepring.core.request import Request
 
@@ -119,6 +119,7 @@ class PrefixCache:
         self._writer = ThreadPoolExecutor(1, "kv-write") if store is not None else None
         self._writes: list[tuple[bytes, bytes, float]] = []
         self._pending_writes = 0
+        self.sweeper = None  # the store's expiry sweeper (cache.store.Sweeper), if one runs
 
     # ---- arrival: keys and read-ahead --------------------------------------------------------
 
@@ -234,16 +235,18 @@ class PrefixCache:
         ring = self.rings.get(rk) or fetched.get(rk)
         if ring is not None:
             try:
-                import_slot(self.pool, ring, slot)
+                import_ring(self.pool, ring, slot)
             except StateError as e:
                 self._bad(rk, e)
                 ring = None
+        # The compressor tails come from the edges of the block ending at the hit (the ring
+        # snapshot holds only the rings: the tail rows a later entry reads are exactly those).
+        self._edges_to_tail(taken[-1], hit, slot)
         if ring is not None:
             self.stats["ring_hits"] += 1
             req.num_cached = hit
             return
         self.stats["ring_misses"] += 1
-        self._edges_to_tail(taken[-1], hit, slot)
         start = max(0, hit - self.replay_tokens)
         self.stats["replayed_tokens"] += hit - start
         req.num_cached = req.window_floor = start
@@ -296,9 +299,9 @@ class PrefixCache:
                 continue
             key = ring_key(req.block_keys[at // bs - 1])
             if at == req.snapshot_at:
-                self._keep_ring(key, export_slot(self.pool, req.slot), req)
+                self._keep_ring(key, export_ring(self.pool, req.slot), req)
             elif at > len(req.prompt_ids):
-                req.ring_pending = (key, export_slot(self.pool, req.slot))
+                req.ring_pending = (key, export_ring(self.pool, req.slot))
         self.flush()
 
     def on_finish(self, req: Request) -> None:
@@ -380,6 +383,8 @@ class PrefixCache:
             self._writer.submit(lambda: None).result(timeout)
 
     def close(self) -> None:
+        if self.sweeper is not None:
+            self.sweeper.stop()
         self.drain()
         for ex in (self._reader, self._writer):
             if ex is not None:

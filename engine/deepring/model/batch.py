@@ -257,7 +257,8 @@ class ForwardBatch:
         lens_t = torch.tensor(lay.lens, device=dev)
         cstart = self._compress_starts()
         first = cstart // ratio
-        count = (lay.starts_t + lens_t) // ratio - first
+        # A replayed chunk that ends before its compress_from completes no entry.
+        count = ((lay.starts_t + lens_t) // ratio - first).clamp(min=0)
         e_total = int(count.sum())
         entry_seq = torch.repeat_interleave(torch.arange(len(lay.lens), device=dev), count)
         before = torch.cumsum(count, 0) - count

@@ -218,3 +218,4 @@ def run_worker(config: WorkerConfig) -> int:
                 return 0
     finally:
         link.close()
+        role.engine.close()  # the prefix cache's queued store writes land before exit
