@@ -80,3 +80,52 @@ def test_ties_alternate_when_requests_come_one_at_a_time():
 def test_router_rejects_a_bad_block_size():
     with pytest.raises(ValueError, match="block_size"):
         Router(block_size=0)
+
+
+def test_prefix_estimate_counts_remembered_full_blocks():
+    from deepring.routing.prefix_estimate import PrefixEstimate
+
+    est = PrefixEstimate(block_size=4, capacity=100)
+    a = list(range(10))  # two full blocks usable (a hit leaves one token to compute)
+    assert est.cached_tokens(a) == 0
+    assert est.cached_tokens(a) == 8
+    assert est.cached_tokens([*a, 11, 12, 13]) == 8  # the third block is new
+    assert est.cached_tokens([*a, 11, 12, 13]) == 12
+    assert est.cached_tokens([99, *a]) == 0  # same tokens, other positions: no hit
+    assert est.cached_tokens(a[:4]) == 0  # one block only and nothing left to compute
+
+
+def test_prefix_estimate_forgets_the_least_recent():
+    from deepring.routing.prefix_estimate import PrefixEstimate
+
+    est = PrefixEstimate(block_size=2, capacity=3)
+    est.cached_tokens([1, 2, 3, 4, 5])  # 2 blocks remembered
+    est.cached_tokens([7, 8, 9, 10, 11])  # 2 more: the oldest one goes
+    assert est.cached_tokens([7, 8, 9, 10, 11]) == 4
+    assert est.cached_tokens([1, 2, 3, 4, 5]) == 0
+
+
+def test_the_router_weighs_only_the_uncached_tokens():
+    """A long prompt whose prefix is cached costs its prefill worker only the rest."""
+    from deepring.ipc.messages import Health
+    from deepring.routing.registry import WorkerRegistry
+
+    reg = WorkerRegistry(2, 1)
+    for i, (name, role) in enumerate(
+        (("prefill-0", "prefill"), ("prefill-1", "prefill"), ("decode-0", "decode"))
+    ):
+        info = {"role": role, "num_slots": 8, "num_blocks": 1000, "block_size": 128}
+        reg.add(name, Health(worker=name, gen=1, state="ready", pid=100 + i, info=info))
+    p, d = reg.route(4000, uncached=100)
+    reg.assign(1, 4000, p, d, uncached=100)
+    assert p.load.queued_tokens == 100
+    # The other prefill worker is idle: a prompt of 50 new tokens goes there...
+    q, _ = reg.route(50)
+    assert q is not p
+    reg.assign(2, 50, q, d)
+    # ...and a 3000-token prompt with 2944 cached (56 new) goes to the less loaded one (q:
+    # 50 + 56 against p: 100 + 56), which counting all its tokens would not tell apart.
+    r, _ = reg.route(3000, uncached=56)
+    assert r is q
+    reg.prefilled(1, 100, p)
+    assert p.load.queued_tokens == 0
