@@ -9,10 +9,12 @@ workers.
 A request's life: submit -> (queued while no worker of a role is ready) -> Submit to the chosen
 prefill worker -> first token from prefill -> later tokens from decode, ordered by their
 output offsets (the two workers' messages may arrive in either order) -> finished, failed, or
-aborted. A worker that exits, stops answering heartbeats, or comes back as a new incarnation
-fails the requests it held, with a message saying which worker and why. Which workers exist
-and how loaded they are is kept by the registry (routing.registry); this module tells it what
-happens and asks it where to send each request.
+aborted. A worker that exits, stops answering heartbeats or says it is exiting fails the
+requests it held, with a message saying which worker and why; another process under its name is
+refused until then. A request no worker can take within queue_timeout seconds fails with 503.
+What comes off the socket is checked by frontend.intake first. Which workers exist and how
+loaded they are is kept by the registry (routing.registry); this module tells it what happens
+and asks it where to send each request.
 """
 
 from __future__ import annotations
@@ -227,7 +229,7 @@ class EngineClient:
         self._release(st)
         self._abort_on_workers(st, "failed")
         self.metrics.request_done("error")
-        if status == 500:
+        if status == 500:  # the common case, in the Sink protocol's original form
             st.sink.error(message)
         else:
             st.sink.error(message, status)
