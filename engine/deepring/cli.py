@@ -1,4 +1,5 @@
-"""`deepring` command line: serve | frontend | prefill | decode | generate | bench | kv-store."""
+"""`deepring` command line: serve | frontend | prefill | decode | generate | bench | kv-store |
+ring-keys."""
 
 from __future__ import annotations
 
@@ -99,7 +100,7 @@ def _add_generate(sub: argparse._SubParsersAction) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from deepring import cli_kv_store, cli_serve
+    from deepring import cli_kv_store, cli_security, cli_serve
 
     parser = argparse.ArgumentParser(prog="deepring", description=__doc__)
     parser.add_argument("--version", action="version", version=_version_line())
@@ -108,6 +109,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_generate(sub)
     cli_serve.add_bench_command(sub)
     cli_kv_store.add_kv_store_command(sub)
+    cli_security.add_ring_keys_command(sub)
     return parser
 
 

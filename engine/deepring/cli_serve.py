@@ -16,8 +16,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from deepring import env
-from deepring.config import EngineSpec, FrontendConfig, ServeConfig, WorkerConfig
+from deepring import cli_security, env
+from deepring.config import EngineSpec, FrontendConfig, ServeConfig, WorkerConfig, check_address
 
 
 def _add_engine_args(p: argparse.ArgumentParser, max_num_seqs: int = 64) -> None:
@@ -205,6 +205,15 @@ def _add_frontend_args(p: argparse.ArgumentParser) -> None:
         default=None,
         help="seconds SIGTERM waits for in-flight requests (DEEPRING_DRAIN_TIMEOUT)",
     )
+    g.add_argument(
+        "--queue-timeout",
+        type=float,
+        default=FrontendConfig.queue_timeout,
+        metavar="S",
+        help="a request that waited this long for a worker (none available, or none with "
+        "room) fails with 503 (default 60)",
+    )
+    cli_security.add_api_key_args(p)
 
 
 def _served_names(args: argparse.Namespace) -> tuple[str, ...]:
@@ -213,7 +222,10 @@ def _served_names(args: argparse.Namespace) -> tuple[str, ...]:
     return ("tiny",) if args.model == "tiny" else (Path(args.model).name,)
 
 
-def _frontend_config(args: argparse.Namespace, ring: str, n_prefill: int, n_decode: int):
+def _frontend_config(
+    args: argparse.Namespace, ring: str, n_prefill: int, n_decode: int, security: dict
+):
+    """security: the ring_keys / insecure_ring fields (cli_security.ring_settings)."""
     return FrontendConfig(
         ring_addr=ring,
         host=args.host,
@@ -229,6 +241,9 @@ def _frontend_config(args: argparse.Namespace, ring: str, n_prefill: int, n_deco
         drain_timeout=args.drain_timeout if args.drain_timeout is not None else env.drain_timeout(),
         heartbeat_interval=env.heartbeat_interval(),
         heartbeat_timeout=env.heartbeat_timeout(),
+        queue_timeout=args.queue_timeout,
+        **security,
+        **cli_security.api_key_settings(args),
     )
 
 
@@ -283,12 +298,15 @@ def _serve(args: argparse.Namespace) -> int:
             prefill_spec = _engine_spec(
                 args, args.prefill_max_num_seqs, args.prefill_max_num_batched_tokens
             )
-            fe = _frontend_config(args, addr("ring"), args.num_prefill, args.num_decode)
+            ring = addr("ring")
+            security = cli_security.ring_settings(args, [ring], "serve", create=True)
+            fe = _frontend_config(args, ring, args.num_prefill, args.num_decode, security)
             common = {
                 "frontend_addr": fe.ring_addr,
                 "parent_pid": os.getpid(),
                 "heartbeat_interval": fe.heartbeat_interval,
                 "heartbeat_timeout": fe.heartbeat_timeout,
+                **security,
             }
             workers = [
                 WorkerConfig(role="prefill", index=i, engine=prefill_spec, **common)
@@ -318,7 +336,8 @@ def _frontend(args: argparse.Namespace) -> int:
     from deepring.logs import setup_logging
 
     try:
-        fe = _frontend_config(args, args.ring, args.num_prefill, args.num_decode)
+        security = cli_security.ring_settings(args, [args.ring], "frontend", create=True)
+        fe = _frontend_config(args, args.ring, args.num_prefill, args.num_decode, security)
     except ValueError as e:
         print(f"deepring frontend: {e}", file=sys.stderr)
         return 2
@@ -334,15 +353,23 @@ def _worker(args: argparse.Namespace) -> int:
         print(f"deepring {args.command}: {problem}", file=sys.stderr)
         return 2
     try:
+        handoff_bind = getattr(args, "handoff_bind", None)
+        # Endpoints first: a typo is reported as such, not as missing ring keys.
+        check_address("--frontend", args.frontend)
+        if handoff_bind is not None:
+            check_address("--handoff-bind", handoff_bind)
         cfg = WorkerConfig(
             role=args.command,
             index=args.index,
             frontend_addr=args.frontend,
             engine=_engine_spec(args),
-            handoff_bind=getattr(args, "handoff_bind", None),
+            handoff_bind=handoff_bind,
             handoff_addr=getattr(args, "handoff_addr", None),
             heartbeat_interval=env.heartbeat_interval(),
             heartbeat_timeout=env.heartbeat_timeout(),
+            **cli_security.ring_settings(
+                args, [args.frontend, handoff_bind], args.command, create=False
+            ),
         )
     except ValueError as e:
         print(f"deepring {args.command}: {e}", file=sys.stderr)
@@ -375,8 +402,10 @@ def add_serving_commands(sub: argparse._SubParsersAction) -> None:
         "--transport",
         choices=["ipc", "tcp"],
         default="ipc",
-        help="ipc:// sockets in a fresh directory under DEEPRING_IPC_DIR, or local tcp:// ports",
+        help="ipc:// sockets in a fresh directory under DEEPRING_IPC_DIR, or local tcp:// ports "
+        "(CURVE-secured)",
     )
+    cli_security.add_ring_args(p)
     p.set_defaults(func=_serve)
 
     p = sub.add_parser("frontend", help="the HTTP frontend alone (workers connect to --ring)")
@@ -385,6 +414,7 @@ def add_serving_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--num-decode", type=int, default=1, help="decode workers to wait for")
     p.add_argument("--model", default="tiny", help="only names the served model")
     _add_frontend_args(p)
+    cli_security.add_ring_args(p)
     p.set_defaults(func=_frontend)
 
     for role, text in (("prefill", "one prefill worker"), ("decode", "one decode worker")):
@@ -403,6 +433,7 @@ def add_serving_commands(sub: argparse._SubParsersAction) -> None:
                 help="that endpoint as prefill hosts reach it (default: as bound)",
             )
         _add_engine_args(p, max_num_seqs=64 if role == "decode" else 32)
+        cli_security.add_ring_args(p)
         p.set_defaults(func=_worker)
 
 

@@ -7,7 +7,8 @@ are read in env.py only.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import re
+from dataclasses import dataclass, field
 
 ROLES = ("prefill", "decode")
 # The prefix cache's TTL classes (EngineSpec.chat_ttl_s / agent_ttl_s).
@@ -19,6 +20,62 @@ _ADDR_SCHEMES = ("ipc://", "tcp://", "inproc://")
 def check_address(name: str, addr: str) -> None:
     if not isinstance(addr, str) or not addr.startswith(_ADDR_SCHEMES):
         raise ValueError(f"{name} must be a ZeroMQ endpoint (ipc://, tcp://), got {addr!r}")
+
+
+def _check_ring_security(addrs: dict[str, str | None], keys: str | None, insecure: bool) -> None:
+    """tcp:// ring endpoints are CURVE-secured (ipc.curve): they need a key directory, or an
+    explicit insecure_ring."""
+    tcp = [name for name, a in addrs.items() if a is not None and a.startswith("tcp://")]
+    if tcp and keys is None and not insecure:
+        raise ValueError(
+            f"{tcp[0]} is a tcp:// endpoint: the ring needs CURVE keys (--ring-keys DIR) or "
+            "--insecure-ring"
+        )
+
+
+# An API key: printable ASCII without spaces (it travels in an HTTP header), 8 to 256 chars.
+_API_KEY = re.compile(r"[\x21-\x7e]{8,256}")
+
+
+def check_api_key(key: str, where: str = "an API key") -> None:
+    """ValueError (which never quotes the key) unless `key` can be an API key."""
+    if not isinstance(key, str) or _API_KEY.fullmatch(key) is None:
+        raise ValueError(f"{where} must be 8 to 256 printable ASCII characters without spaces")
+
+
+_RATE_UNITS = {"s": 1.0, "sec": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0, "hour": 3600.0}
+
+
+@dataclass(frozen=True)
+class RateLimit:
+    """`amount` per `per_s` seconds, written `60/min`, `5/s`, `1000/h` (a token bucket of
+    `amount` that refills at amount / per_s each second)."""
+
+    amount: float
+    per_s: float
+
+    def __post_init__(self) -> None:
+        if not (self.amount > 0 and self.per_s > 0):
+            raise ValueError("a rate limit needs a positive amount and period")
+
+    @classmethod
+    def parse(cls, text: str) -> RateLimit:
+        amount, _, unit = text.strip().partition("/")
+        try:
+            value = float(amount)
+        except ValueError:
+            value = float("nan")
+        if unit.strip().lower() not in _RATE_UNITS or not value > 0 or value == float("inf"):
+            raise ValueError(f"a rate is N/s, N/min or N/h with N > 0 (e.g. 60/min), got {text!r}")
+        return cls(value, _RATE_UNITS[unit.strip().lower()])
+
+    @property
+    def per_second(self) -> float:
+        return self.amount / self.per_s
+
+    def __str__(self) -> str:
+        unit = {1.0: "s", 60.0: "min", 3600.0: "h"}.get(self.per_s, f"{self.per_s:g}s")
+        return f"{self.amount:g}/{unit}"
 
 
 @dataclass(frozen=True)
@@ -107,6 +164,8 @@ class WorkerConfig:
     heartbeat_interval: float = 1.0
     heartbeat_timeout: float = 10.0
     stats_interval: float = 0.25  # load reports while busy (the router reads them)
+    ring_keys: str | None = None  # CURVE key directory for tcp:// endpoints (ipc.ring_keys)
+    insecure_ring: bool = False  # tcp:// without CURVE (a trusted network only)
 
     def __post_init__(self) -> None:
         if self.role not in ROLES:
@@ -121,6 +180,14 @@ class WorkerConfig:
             check_address("handoff_addr", self.handoff_addr or self.handoff_bind)
         if not 0 < self.heartbeat_interval < self.heartbeat_timeout:
             raise ValueError("need 0 < heartbeat_interval < heartbeat_timeout")
+        _check_ring_security(
+            {
+                "the frontend endpoint": self.frontend_addr,
+                "the handoff endpoint": self.handoff_bind,
+            },
+            self.ring_keys,
+            self.insecure_ring,
+        )
 
     @property
     def worker_id(self) -> str:
@@ -155,6 +222,17 @@ class FrontendConfig:
     heartbeat_interval: float = 1.0
     heartbeat_timeout: float = 10.0
     keepalive_timeout: float = 75.0  # idle HTTP connections are closed after this
+    # A request waiting for a worker (none registered, or none with room) fails with 503 after
+    # this many seconds.
+    queue_timeout: float = 60.0
+    ring_keys: str | None = None  # CURVE key directory for a tcp:// ring (ipc.ring_keys)
+    insecure_ring: bool = False  # a tcp:// ring without CURVE (a trusted network only)
+    # API keys (frontend.auth): with any configured, every route but /health needs one. Never
+    # in the repr, so a logged config shows no key.
+    api_keys: tuple[str, ...] = field(default=(), repr=False)
+    api_keys_file: str | None = None  # one key per line, `#` comments; re-read on SIGHUP
+    rate_limit_requests: RateLimit | None = None  # per API key
+    rate_limit_tokens: RateLimit | None = None  # prompt + generated tokens per API key
 
     def __post_init__(self) -> None:
         check_address("ring_addr", self.ring_addr)
@@ -176,6 +254,20 @@ class FrontendConfig:
             raise ValueError("drain_timeout must be >= 0")
         if not 0 < self.heartbeat_interval < self.heartbeat_timeout:
             raise ValueError("need 0 < heartbeat_interval < heartbeat_timeout")
+        if not self.queue_timeout > 0:
+            raise ValueError("queue_timeout must be > 0")
+        _check_ring_security(
+            {"the ring endpoint": self.ring_addr}, self.ring_keys, self.insecure_ring
+        )
+        for key in self.api_keys:
+            check_api_key(key)
+        limited = self.rate_limit_requests or self.rate_limit_tokens
+        if limited and not (self.api_keys or self.api_keys_file):
+            raise ValueError("rate limits are per API key: configure --api-key or --api-keys-file")
+
+    @property
+    def auth_enabled(self) -> bool:
+        return bool(self.api_keys or self.api_keys_file)
 
     @property
     def served_model_name(self) -> str:

@@ -110,6 +110,12 @@ def ipc_dir() -> Path:
     return Path(value).expanduser() if value else Path(tempfile.gettempdir())
 
 
+def api_key() -> str | None:
+    """DEEPRING_API_KEY: one API key the frontend accepts, besides --api-key and
+    --api-keys-file (default: none). Its value is never echoed in an error."""
+    return _raw("DEEPRING_API_KEY")
+
+
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 
 

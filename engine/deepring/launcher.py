@@ -122,6 +122,9 @@ class Supervisor:
 def run(config: ServeConfig) -> int:
     """Serve with local workers until SIGTERM; returns the exit code."""
     setup_logging("frontend")
+    fe = config.frontend
+    secured = "CURVE" if fe.ring_keys else ("insecure" if fe.insecure_ring else "local")
+    log.info("ring on %s (%s)", fe.ring_addr, secured)
 
     def start_workers(client: EngineClient, on_fatal: Callable[[str], None]) -> Supervisor:
         return Supervisor(config.workers, client, on_fatal)

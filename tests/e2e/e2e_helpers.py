@@ -66,8 +66,10 @@ class Server:
             time.sleep(0.1)
         raise AssertionError(f"server did not recover: {json.dumps(self.health())}")
 
-    def metric(self, name: str, labels: str = "", default: float | None = None) -> float:
-        text = httpx2.get(f"{self.url}/metrics", timeout=10).text
+    def metric(
+        self, name: str, labels: str = "", default: float | None = None, headers=None
+    ) -> float:
+        text = httpx2.get(f"{self.url}/metrics", headers=headers, timeout=10).text
         for line in text.splitlines():
             if line.startswith(f"{name}{labels} "):
                 return float(line.rsplit(" ", 1)[1])

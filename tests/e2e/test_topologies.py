@@ -87,6 +87,12 @@ class Role:
 
 def test_roles_as_separate_commands(tmp_path, server_env):
     env = {**server_env, "DEEPRING_HEARTBEAT_INTERVAL": "0.3", "DEEPRING_HEARTBEAT_TIMEOUT": "3"}
+    # The tcp:// ring is CURVE-secured: the workers need the key directory before they start
+    # (on separate hosts it is copied; here all share DEEPRING_CACHE_DIR/ring-keys).
+    keys = subprocess.run(
+        [*deepring_command(), "ring-keys"], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert keys.returncode == 0, keys.stderr
     ring = f"tcp://127.0.0.1:{_port()}"
     handoff = f"tcp://127.0.0.1:{_port()}"
     decode_args = [
@@ -99,8 +105,9 @@ def test_roles_as_separate_commands(tmp_path, server_env):
         "--zero-cost-step-ms",
         "10",
     ]
+    frontend_args = ["frontend", "--ring", ring, "--port", "0", "--queue-timeout", "3"]
     roles = {
-        "frontend": Role(["frontend", "--ring", ring, "--port", "0"], tmp_path / "fe.log", env),
+        "frontend": Role(frontend_args, tmp_path / "fe.log", env),
         "prefill": Role(["prefill", "--frontend", ring, "--zero-cost"], tmp_path / "p.log", env),
         "decode": Role(decode_args, tmp_path / "d.log", env),
     }
@@ -125,6 +132,11 @@ def test_roles_as_separate_commands(tmp_path, server_env):
                 pass
         stream.close()
         roles["decode"].stop()
+        # No decode worker now: a request waits --queue-timeout seconds, then gets 503.
+        with pytest.raises(openai.InternalServerError) as e:
+            client.chat.completions.create(max_tokens=8, **SDK_CHAT)
+        assert e.value.status_code == 503
+        assert "no decode worker is available" in e.value.message
         # A new decode process on the same endpoints registers and serves.
         roles["decode"] = Role(decode_args, tmp_path / "d2.log", env)
         deadline = time.monotonic() + 240
@@ -136,9 +148,7 @@ def test_roles_as_separate_commands(tmp_path, server_env):
         client.close()
         # The frontend dies and a new one binds the same ring: the workers register with it.
         roles["frontend"].stop(signal.SIGKILL)
-        roles["frontend"] = Role(
-            ["frontend", "--ring", ring, "--port", "0"], tmp_path / "fe2.log", env
-        )
+        roles["frontend"] = Role(frontend_args, tmp_path / "fe2.log", env)
         deadline = time.monotonic() + 240
         while not (m := READY.search((tmp_path / "fe2.log").read_text())):
             assert time.monotonic() < deadline, (tmp_path / "fe2.log").read_text()

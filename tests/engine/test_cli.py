@@ -12,7 +12,16 @@ import deepring_recipe
 import pytest
 from deepring import cli
 
-SUBCOMMANDS = ["serve", "frontend", "prefill", "decode", "generate", "bench", "kv-store"]
+SUBCOMMANDS = [
+    "serve",
+    "frontend",
+    "prefill",
+    "decode",
+    "generate",
+    "bench",
+    "kv-store",
+    "ring-keys",
+]
 
 
 def test_help_lists_every_subcommand():

@@ -79,6 +79,7 @@ SAMPLES = [
         generated=10,
         preemptions=11,
         prefix_cache={"hit_tokens": 128, "store_directory_errors": 0},
+        dropped={"malformed": 3},
     ),
     Shutdown(drain=True, timeout=30.0),
 ]

@@ -44,7 +44,7 @@ class Collect:
             self.done.set_result(("finished", finish))
         return False
 
-    def error(self, message: str) -> None:
+    def error(self, message: str, status: int = 500) -> None:
         self.done.set_result(("error", message))
 
 
@@ -189,9 +189,10 @@ def test_junk_on_the_ring_is_dropped(ring):
         [msgpack.packb({"t": "abort", "v": 99, "rids": [1], "reason": "x"})],
         [msgpack.packb({"t": "abort", "v": 1, "rids": "not a list", "reason": "x"})],
     ]
+    routes = ring.call(lambda: [ring.client.workers[w].route for w in ("decode-0", "prefill-0")])
     for frames in junk:
-        for wid in (b"decode-0", b"prefill-0"):
-            ring.call(ring.client.sock.send_multipart, [wid, *frames])
+        for route in routes:
+            ring.call(ring.client.sock.send_multipart, [route, *frames])
     status, ids = ring.generate(_prompt(9, 7), SamplingParams(temperature=0, max_tokens=4))
     assert status == ("finished", "length")
     assert len(ids) == 4

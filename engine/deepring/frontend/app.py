@@ -4,6 +4,9 @@ POST /v1/chat/completions, /v1/responses, /v1/messages  generation (SSE or JSON)
 GET  /v1/models                                         the served model
 GET  /health                                            200 when every worker is ready
 GET  /metrics                                           Prometheus text format
+
+With API keys configured every route but /health needs one (frontend.auth), and the
+generation routes count against the key's rate limits (frontend.ratelimit).
 """
 
 from __future__ import annotations
@@ -14,9 +17,11 @@ import logging
 import time
 
 from deepring.config import CACHE_CLASSES, FrontendConfig
+from deepring.frontend.auth import Authenticator
 from deepring.frontend.client import EngineClient
 from deepring.frontend.http import HttpRequest
 from deepring.frontend.metrics import Metrics
+from deepring.frontend.ratelimit import RateLimiter
 from deepring.frontend.requests import Overloaded
 from deepring.frontend.stream import JsonSink, SseSink
 from deepring.protocol.errors import ApiError, error_body
@@ -45,6 +50,8 @@ class App:
         self.recipe_error: str | None = None
         self.draining = False
         self.started_at = int(time.time())
+        self.auth = Authenticator(config, metrics)
+        self.limits = RateLimiter(config.rate_limit_requests, config.rate_limit_tokens, metrics)
 
     def load_recipe(self) -> None:
         """Build the protocol objects once the tokenizer is known (from config or a worker)."""
@@ -79,11 +86,12 @@ class App:
     async def handle(self, req: HttpRequest) -> None:
         path = req.path.rstrip("/") or "/"
         try:
+            key = self.auth.check(req, path)
             api = _GENERATE.get(path)
             if api is not None:
                 if req.method != "POST":
                     raise ApiError(405, f"{path} takes POST")
-                await self._generate(api, req)
+                await self._generate(api, req, key)
             elif path == "/v1/models":
                 self._models(req)
             elif path == "/health":
@@ -98,9 +106,11 @@ class App:
 
     # ---- generation ----------------------------------------------------------------------------
 
-    async def _generate(self, api: Api, req: HttpRequest) -> None:
+    async def _generate(self, api: Api, req: HttpRequest, key: str | None = None) -> None:
+        """key: the id of the request's API key (None without API keys)."""
         if self.draining:
             raise ApiError(503, "the server is shutting down", headers=[("retry-after", "5")])
+        self.limits.admit_request(key)
         if self.recipe is None:
             self.load_recipe()
         recipe = self.recipe
@@ -121,12 +131,21 @@ class App:
         if req.disconnected:
             prep.processor.close()
             return
+        try:
+            self.limits.admit_tokens(key, len(prep.prompt_ids))
+        except ApiError:
+            prep.processor.close()
+            raise
         eos = frozenset(self.client.info("eos_token_ids") or ())
         sink_cls = SseSink if prep.stream else JsonSink
         sink = sink_cls(req, prep, eos)
         try:
             rid = self.client.submit(
-                prep.prompt_ids, prep.params, prep.seed, sink, _cache_class(req, prep)
+                prep.prompt_ids,
+                prep.params,
+                prep.seed,
+                self.limits.metered(key, sink),
+                _cache_class(req, prep),
             )
         except Overloaded as e:
             prep.processor.close()
@@ -197,6 +216,7 @@ class App:
                     "steps_total": s.steps if s else 0,
                     "step_seconds_total": round(s.step_seconds, 6) if s else 0.0,
                     "prefix_cache": s.prefix_cache if s else {},
+                    "ring_dropped": s.dropped if s else {},
                 }
             )
         return out

@@ -9,10 +9,12 @@ workers.
 A request's life: submit -> (queued while no worker of a role is ready) -> Submit to the chosen
 prefill worker -> first token from prefill -> later tokens from decode, ordered by their
 output offsets (the two workers' messages may arrive in either order) -> finished, failed, or
-aborted. A worker that exits, stops answering heartbeats, or comes back as a new incarnation
-fails the requests it held, with a message saying which worker and why. Which workers exist
-and how loaded they are is kept by the registry (routing.registry); this module tells it what
-happens and asks it where to send each request.
+aborted. A worker that exits, stops answering heartbeats or says it is exiting fails the
+requests it held, with a message saying which worker and why; another process under its name is
+refused until then. A request no worker can take within queue_timeout seconds fails with 503.
+What comes off the socket is checked by frontend.intake first. Which workers exist and how
+loaded they are is kept by the registry (routing.registry); this module tells it what happens
+and asks it where to send each request.
 """
 
 from __future__ import annotations
@@ -30,10 +32,11 @@ import numpy as np
 import zmq
 
 from deepring.config import FrontendConfig
+from deepring.frontend.intake import RingIntake
 from deepring.frontend.metrics import Metrics
 from deepring.frontend.requests import Overloaded, RequestState, Sink
 from deepring.ipc import sockets
-from deepring.ipc.codec import decode
+from deepring.ipc.curve import RingSecurity
 from deepring.ipc.messages import Abort, Health, Message, Shutdown, Stats, Submit, Tokens
 from deepring.routing.prefix_estimate import PrefixEstimate
 from deepring.routing.registry import WorkerRegistry, WorkerState
@@ -53,6 +56,8 @@ class EngineClient:
         self.sock: zmq.Socket | None = None
         self.loop: asyncio.AbstractEventLoop | None = None
         self.registry = WorkerRegistry(config.expect_prefill, config.expect_decode)
+        self.intake = RingIntake(self.registry, self.metrics)
+        self.security = RingSecurity(None)
         self._estimate = PrefixEstimate()
         self.requests: dict[int, RequestState] = {}
         self.queue: deque[RequestState] = deque()
@@ -70,7 +75,9 @@ class EngineClient:
 
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop
-        self.sock = sockets.router(self.ctx, self.config.ring_addr)
+        self.security = RingSecurity.load(self.config.ring_keys, self.config.insecure_ring)
+        self.metrics.ring_auth_denied = lambda: self.security.denied
+        self.sock = sockets.router(self.ctx, self.config.ring_addr, self.security)
         loop.add_reader(self.sock.getsockopt(zmq.FD), self._on_readable)
         self._ready_event = asyncio.Event()
         self._beat_handle = loop.call_later(self.config.heartbeat_interval, self._beat)
@@ -89,6 +96,7 @@ class EngineClient:
             self._beat_handle.cancel()
         if self.sock is not None and self.loop is not None:
             self.loop.remove_reader(self.sock.getsockopt(zmq.FD))
+        self.security.close()
         self.ctx.destroy(linger=0)
         sockets.cleanup_ipc(self.config.ring_addr)
 
@@ -215,13 +223,28 @@ class EngineClient:
         for st in list(self.requests.values()):
             self._fail(st, message)
 
-    def _fail(self, st: RequestState, message: str) -> None:
+    def _fail(self, st: RequestState, message: str, status: int = 500) -> None:
         if self.requests.pop(st.rid, None) is None:
             return
         self._release(st)
         self._abort_on_workers(st, "failed")
         self.metrics.request_done("error")
-        st.sink.error(message)
+        if status == 500:  # the common case, in the Sink protocol's original form
+            st.sink.error(message)
+        else:
+            st.sink.error(message, status)
+
+    def _expire_queued(self, now: float) -> None:
+        """Fail (503) requests that waited longer than queue_timeout for a worker."""
+        limit = self.config.queue_timeout
+        for st in [st for st in self.queue if now - st.arrival > limit]:
+            missing = [r for r in ("prefill", "decode") if not self.registry.ready_workers(r)]
+            why = (
+                f"no {' or '.join(missing)} worker is available"
+                if missing
+                else "no worker had room for it"
+            )
+            self._fail(st, f"the request waited {limit:g}s and {why}; retry later", status=503)
 
     # ---- workers -------------------------------------------------------------------------------
 
@@ -239,11 +262,14 @@ class EngineClient:
         if self._ready_event is not None and not self.ready:
             self._ready_event.clear()
 
-    def _register(self, wid: str, msg: Health) -> None:
+    def _register(self, route: bytes, wid: str, msg: Health) -> None:
         old = self.workers.get(wid)
-        if old is not None and old.gen != msg.gen:
-            self.worker_lost(wid, f"was replaced by a new process (pid {msg.pid})")
-            old = None
+        if old is not None and old.route != route:
+            # Another process under a live worker's name: it does not replace the registered one
+            # (which would fail everything that one holds); it gets the name once the registered
+            # process is declared dead (its exit, `exiting`, or missed heartbeats).
+            self.intake.refuse_takeover(route, old, msg)
+            return
         if old is not None:
             # The same incarnation announcing again: it lost contact and dropped its requests.
             for rid in list(old.rids):
@@ -253,7 +279,7 @@ class EngineClient:
             old.last_seen = time.monotonic()
             return
         try:
-            self.registry.add(wid, msg)
+            self.registry.add(wid, msg, route)
         except ValueError as e:
             log.warning("%s", e)
             return
@@ -266,6 +292,7 @@ class EngineClient:
         now = time.monotonic()
         for w in self.registry.silent(now, self.config.heartbeat_timeout):
             self.worker_lost(w.id, f"sent no heartbeat for {now - w.last_seen:.0f}s")
+        self._expire_queued(now)
         for w in list(self.workers.values()):
             self._send(
                 w.id,
@@ -277,11 +304,15 @@ class EngineClient:
 
     # ---- the socket ----------------------------------------------------------------------------
 
-    def _send(self, wid: str, msg: Message) -> bool:
-        if self.sock is None or self.closed:
+    def _send(self, wid: str, msg: Message, route: bytes | None = None) -> bool:
+        """Send to registered worker `wid` (or to the peer with routing id `route`)."""
+        if route is None:
+            w = self.workers.get(wid)
+            route = w.route if w is not None else None
+        if self.sock is None or self.closed or route is None:
             return False
         try:
-            sockets.send(self.sock, msg, to=wid.encode(), block=False)
+            sockets.send(self.sock, msg, to=route, block=False)
         except zmq.Again:
             log.warning("ring to %s is full; dropped a %s message", wid, msg.TYPE)
             return False
@@ -306,28 +337,30 @@ class EngineClient:
         n = 0
         for frames in sockets.drain(self.sock, _READ_BUDGET):
             n += 1
-            wid = bytes(frames[0]).decode(errors="replace")
-            msg = decode(frames[1:], wid)
-            if msg is not None:
-                self._handle(wid, msg)
+            taken = self.intake.accept(frames)  # None: dropped (counted, logged)
+            if taken is not None:
+                self._handle(*taken)
         if n >= _READ_BUDGET:
             self._schedule_read()
         self._deliver()
         if self.queue:  # finished requests may have made room, or a send may succeed now
             self._dispatch_queued()
 
-    def _handle(self, wid: str, msg: Message) -> None:
+    def _handle(self, route: bytes, wid: str, msg: Message) -> None:
         w = self.workers.get(wid)
+        if w is not None and w.route != route:
+            w = None  # another incarnation than the registered one
         if isinstance(msg, Health):
             if msg.state == "ready":
-                self._register(wid, msg)
-            elif w is None or w.gen != msg.gen:
+                self._register(route, wid, msg)
+            elif w is None:
                 # A worker this frontend does not know (it restarted): ask it to introduce itself.
                 self._send(
                     wid,
                     Health(
                         worker="frontend", gen=self.gen, state="announce", pid=os.getpid(), info={}
                     ),
+                    route,
                 )
             elif msg.state == "exiting":
                 self.worker_lost(wid, "shut down")
@@ -354,8 +387,8 @@ class EngineClient:
             st = requests.get(rid)
             chunk = ids[pos : pos + count]
             pos += count
-            if st is None:
-                continue
+            if st is None or w.id not in (st.prefill, st.decode):
+                continue  # gone, or not this worker's request (a worker speaks for its own)
             if st.stage == "prefill" and w.role == "prefill":
                 st.stage = "decode"  # the first token is in: the prompt is off w's queue
                 self.registry.prefilled(rid, st.uncached, w)
@@ -367,19 +400,19 @@ class EngineClient:
                 touched.append(st)
         for rid, hit in msg.cache_hits:
             st = requests.get(rid)
-            if st is not None:
+            if st is not None and w.id in (st.prefill, st.decode):
                 st.cache_hit = int(hit)
                 self.metrics.cached_prompt_tokens += st.cache_hit
         for rid, reason, total in msg.finished:
             st = requests.get(rid)
-            if st is not None:
+            if st is not None and w.id in (st.prefill, st.decode):
                 st.final = (str(reason), int(total))
                 if not st.touched:
                     st.touched = True
                     touched.append(st)
         for rid, message in msg.errors:
             st = requests.get(rid)
-            if st is not None:
+            if st is not None and w.id in (st.prefill, st.decode):
                 self._fail(st, str(message))
 
     def _deliver(self) -> None:

@@ -1,8 +1,10 @@
 """Prometheus metrics of the frontend (text exposition format 0.0.4), without a client library.
 
 Frontend-side: request counts by outcome, TTFT and TPOT histograms, prompt and generated token
-counters, generated tokens/s over a sliding window, queued requests. Worker-side gauges (queue
-length, running requests, KV blocks in use) come from the workers' Stats reports.
+counters, generated tokens/s over a sliding window, queued requests, requests refused for their
+API key or a rate limit, ring messages dropped (by reason) and ring connections refused by
+CURVE. Worker-side gauges (queue length, running requests, KV blocks in use) and the workers'
+own dropped ring messages come from the workers' Stats reports.
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ from __future__ import annotations
 import bisect
 import time
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 TPOT_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
@@ -81,6 +83,11 @@ class Metrics:
         self.cached_prompt_tokens = 0  # served from the prefix cache
         self.generated_tokens = 0
         self.rate = Rate()
+        self.auth_failures = 0  # requests refused for a missing or wrong API key
+        self.rate_limited: dict[str, int] = {}  # 429s of the per-key limits: requests, tokens
+        self.ring_dropped: dict[str, int] = {}  # the frontend's ipc.drops counters, by reason
+        # CURVE handshakes the frontend's ZAP handler refused (set by the ring client).
+        self.ring_auth_denied: Callable[[], int] = lambda: 0
 
     def request_done(self, outcome: str) -> None:
         self.requests[outcome] = self.requests.get(outcome, 0) + 1
@@ -127,6 +134,30 @@ class Metrics:
             f"Generated tokens per second over the last {self.rate.window:.0f}s.",
             [("", round(self.rate.value(), 3))],
         )
+        metric(
+            "deepring_http_auth_failures_total",
+            "counter",
+            "Requests refused with 401: a missing or unknown API key.",
+            [("", self.auth_failures)],
+        )
+        metric(
+            "deepring_http_rate_limited_total",
+            "counter",
+            "Requests refused with 429 by a per-key rate limit.",
+            [(f'{{limit="{k}"}}', v) for k, v in sorted(self.rate_limited.items())],
+        )
+        metric(
+            "deepring_ring_dropped_frames_total",
+            "counter",
+            "Ring messages the frontend dropped, by reason.",
+            [(f'{{reason="{k}"}}', v) for k, v in sorted(self.ring_dropped.items())],
+        )
+        metric(
+            "deepring_ring_auth_denied_total",
+            "counter",
+            "Ring connections refused by CURVE authentication (unknown client key).",
+            [("", self.ring_auth_denied())],
+        )
         for name, value in frontend.items():
             metric(
                 f"deepring_frontend_{name}",
@@ -154,6 +185,16 @@ class Metrics:
                 [(f'{{worker="{w["worker"]}",role="{w["role"]}"}}', w[key]) for w in workers],
             )
         self._prefix_cache(metric, workers)
+        metric(
+            "deepring_worker_ring_dropped_frames_total",
+            "counter",
+            "Ring messages a worker dropped, by reason.",
+            [
+                (f'{{worker="{w["worker"]}",role="{w["role"]}",reason="{reason}"}}', n)
+                for w in workers
+                for reason, n in sorted(w.get("ring_dropped", {}).items())
+            ],
+        )
         return "\n".join(lines) + "\n"
 
     @staticmethod

@@ -28,8 +28,9 @@ class Sink(Protocol):
         """New tokens, in order; finish ("stop" | "length") with the last ones. Returns True
         when the sink needs no more (a stop sequence matched): the request is then aborted."""
 
-    def error(self, message: str) -> None:
-        """The request failed; nothing more will come."""
+    def error(self, message: str, status: int = 500) -> None:
+        """The request failed; nothing more will come. status: the HTTP status when nothing
+        was sent yet (503: it never reached a worker)."""
 
 
 @dataclass(eq=False)

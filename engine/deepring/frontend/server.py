@@ -46,7 +46,7 @@ async def serve(config: FrontendConfig, start_workers: StartWorkers | None = Non
     client = EngineClient(config, metrics)
     try:
         client.start(loop)
-    except zmq.ZMQError as e:
+    except (zmq.ZMQError, ValueError) as e:  # ValueError: its CURVE keys (ipc.ring_keys)
         print(f"deepring: cannot bind the ring at {config.ring_addr}: {e}", file=sys.stderr)
         client.close()
         return 1
@@ -61,6 +61,7 @@ async def serve(config: FrontendConfig, start_workers: StartWorkers | None = Non
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    app.auth.install(loop)  # SIGHUP re-reads the API keys file
     workers: LocalWorkers | None = None
     try:
         try:
@@ -95,6 +96,7 @@ async def serve(config: FrontendConfig, start_workers: StartWorkers | None = Non
         client.close()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(sig)
+        app.auth.uninstall(loop)
     if fatal:
         print(f"deepring: {fatal[0]}", file=sys.stderr, flush=True)
         return 1

@@ -85,13 +85,23 @@ class SseSink(_Base):
         log.error("stream processing failed for %s: %s", self.prep.response_id, e)
         self.error(f"internal error while streaming the response: {e}")
 
-    def error(self, message: str) -> None:
-        """An error event in the protocol's own form, then the end of the stream."""
+    def error(self, message: str, status: int = 500) -> None:
+        """An error event in the protocol's own form, then the end of the stream. With another
+        status than 500 and nothing streamed yet (the request never reached a worker), a plain
+        HTTP error response of that status instead."""
         if self.closed:
             return
         self.closed = True
         self.prep.processor.close()
         api = self.prep.api
+        if status != 500 and not self.http.started:
+            body = (
+                anthropic_error(status, message)
+                if api is MESSAGES
+                else openai_error(status, message)
+            )
+            self.http.respond(status, json.dumps(body).encode())
+            return
         if api is MESSAGES:
             body = anthropic_error(500, message)
             frame = f"event: error\ndata: {json.dumps(body)}\n\n"
@@ -152,15 +162,15 @@ class JsonSink(_Base):
         log.error("response accumulation failed for %s: %s", self.prep.response_id, e)
         self.error(f"internal error while building the response: {e}")
 
-    def error(self, message: str) -> None:
+    def error(self, message: str, status: int = 500) -> None:
         if self.closed:
             return
         self.closed = True
         self.prep.processor.close()
         body = (
-            anthropic_error(500, message)
+            anthropic_error(status, message)
             if self.prep.api is MESSAGES
-            else openai_error(500, message)
+            else openai_error(status, message)
         )
         if not self.http.started:
-            self.http.respond(500, json.dumps(body).encode())
+            self.http.respond(status, json.dumps(body).encode())

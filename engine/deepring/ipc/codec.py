@@ -2,7 +2,8 @@
 
 `decode` never raises on bad input: a frame set that is not a message of a known type and
 version (or whose fields have the wrong types) is logged and answered with None, so a stray or
-newer peer cannot crash a process.
+newer peer cannot crash a process. `decode_strict` raises MessageError, and only MessageError,
+for any input whatsoever (tests/engine/test_ring_fuzz.py feeds it random frames).
 """
 
 from __future__ import annotations
@@ -92,18 +93,22 @@ def decode_strict(frames: Sequence[Any]) -> Message:
     if not frames:
         raise MessageError("empty message")
     try:
+        # TypeError: a map key that is itself a map or an array (unhashable).
         header = msgpack.unpackb(frames[0], raw=False, strict_map_key=False)
-    except (ValueError, msgpack.UnpackException) as e:
-        raise MessageError(f"undecodable header: {e}") from None
+    except (ValueError, TypeError, msgpack.UnpackException) as e:
+        raise MessageError(f"undecodable header: {type(e).__name__}") from None
     if not isinstance(header, dict):
         raise MessageError("header is not a map")
     tag, version = header.get("t"), header.get("v")
     entry = _REGISTRY.get(tag) if isinstance(tag, str) else None
     if entry is None:
-        raise MessageError(f"unknown message type {tag!r}")
+        raise MessageError(f"unknown message type {tag!r:.40}")
     cls, scalars, frame_fields, structs = entry
-    if version != cls.VERSION:
-        raise MessageError(f"{tag} schema version {version!r} (this process reads {cls.VERSION})")
+    # 1.0 and True compare equal to 1: the version must be an integer, not just equal to one.
+    if type(version) is not int or version != cls.VERSION:
+        raise MessageError(
+            f"{tag} schema version {version!r:.20} (this process reads {cls.VERSION})"
+        )
     kwargs: dict[str, Any] = {}
     for name, types in scalars:
         if name not in header:
@@ -115,19 +120,25 @@ def decode_strict(frames: Sequence[Any]) -> Message:
     for name, struct in structs.items():
         try:
             kwargs[name] = struct.from_wire(kwargs[name])
-        except ValueError as e:
+        except (ValueError, TypeError) as e:
             raise MessageError(f"{tag}.{name}: {e}") from None
     if len(frames) != 1 + len(frame_fields):
         raise MessageError(f"{tag}: {len(frames) - 1} payload frames, expected {len(frame_fields)}")
     for (name, kind), frame in zip(frame_fields, frames[1:], strict=True):
-        if kind == IDS:
+        try:
             buf = memoryview(frame)
+        except TypeError:
+            raise MessageError(f"{tag}.{name}: not a buffer") from None
+        if kind == IDS:
             if buf.nbytes % _IDS_DTYPE.itemsize:
                 raise MessageError(f"{tag}.{name}: {buf.nbytes} bytes is not a whole int32 array")
             kwargs[name] = np.frombuffer(buf, dtype=_IDS_DTYPE)
         else:
             kwargs[name] = frame
-    return cls(**kwargs)
+    try:
+        return cls(**kwargs)
+    except (ValueError, TypeError) as e:  # a message's own __post_init__ checks, if any
+        raise MessageError(f"{tag}: {e}") from None
 
 
 def decode(frames: Sequence[Any], source: str = "peer") -> Message | None:

@@ -132,7 +132,7 @@ class Stats(Message):
     """A worker's load, for the router and /metrics."""
 
     TYPE: ClassVar[str] = "stats"
-    VERSION: ClassVar[int] = 2
+    VERSION: ClassVar[int] = 3
     worker: str
     gen: int
     waiting: int  # requests queued in the worker (incl. handoffs not admitted yet)
@@ -147,6 +147,7 @@ class Stats(Message):
     generated: int  # tokens sampled since start
     preemptions: int
     prefix_cache: dict  # the prefix cache's counters (core.prefix report; {} when it is off)
+    dropped: dict  # ring messages the worker dropped since start, by reason (ipc.drops)
 
 
 @dataclass(frozen=True, eq=False)

@@ -8,19 +8,33 @@ Topology (all endpoints come from config):
 
 High-water marks bound the queues: a worker that outruns the frontend blocks in send (back
 pressure) instead of growing memory; the frontend never blocks (it sends with NOBLOCK).
+
+Security (ipc.curve): every socket takes the process's RingSecurity, which makes tcp:// sockets
+CURVE servers (bind) or clients (connect). An ipc:// socket file is created in a directory of
+mode 0700 (when the directory is new) and set to mode 0600 after binding: connecting to a unix
+socket needs write permission on it, so only the user running the server can join the ring.
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
-from collections.abc import Iterator
+import stat
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import zmq
 
 from deepring.ipc.codec import encode
+from deepring.ipc.curve import RingSecurity
 from deepring.ipc.messages import Message
+from deepring.ipc.ring_keys import make_private_dirs
+
+log = logging.getLogger("deepring.ipc")
+
+# No keys: ipc:// as it is, tcp:// refused (see RingSecurity).
+_PLAIN = RingSecurity(None)
 
 # Messages, not bytes: a Tokens message covers a whole engine step.
 RING_HWM = 1024
@@ -28,51 +42,100 @@ RING_HWM = 1024
 MAX_DRAIN = 512
 
 
+def _ipc_path(addr: str) -> Path | None:
+    return Path(addr[len("ipc://") :]) if addr.startswith("ipc://") else None
+
+
 def _prepare_ipc(addr: str) -> None:
-    if addr.startswith("ipc://"):
-        path = Path(addr[len("ipc://") :])
-        path.parent.mkdir(parents=True, exist_ok=True)
+    path = _ipc_path(addr)
+    if path is None:
+        return
+    make_private_dirs(path.parent)  # 0700 for what it creates; an existing one is left alone
+    mode = stat.S_IMODE(path.parent.stat().st_mode)
+    if mode & 0o022 and not mode & stat.S_ISVTX:
+        log.warning(
+            "%s: the directory of this ipc:// socket is writable by others (mode %04o); "
+            "another user could replace the socket",
+            addr,
+            mode,
+        )
 
 
-def router(ctx: zmq.Context, addr: str) -> zmq.Socket:
+def _bind(s: zmq.Socket, addr: str) -> None:
+    s.bind(addr)
+    path = _ipc_path(addr)
+    if path is not None:
+        path.chmod(0o600)
+
+
+def _socket(
+    ctx: zmq.Context,
+    kind: int,
+    options: dict[int, int | bytes],
+    setup: Callable[[zmq.Socket], None],
+) -> zmq.Socket:
+    """A socket with `options`, then `setup` (security, bind or connect); closed again when
+    any of it fails (a bad endpoint, missing keys), so nothing half-made is left open."""
+    s = ctx.socket(kind)
+    try:
+        for opt, value in options.items():
+            s.setsockopt(opt, value)
+        setup(s)
+    except BaseException:
+        s.close(linger=0)
+        raise
+    return s
+
+
+def router(ctx: zmq.Context, addr: str, security: RingSecurity = _PLAIN) -> zmq.Socket:
     """The frontend's ring socket."""
     _prepare_ipc(addr)
-    s = ctx.socket(zmq.ROUTER)
-    s.setsockopt(zmq.LINGER, 0)
-    s.setsockopt(zmq.ROUTER_MANDATORY, 1)  # sending to an unknown worker raises, not drops
-    s.setsockopt(zmq.ROUTER_HANDOVER, 1)  # a restarted worker takes over its identity
-    s.setsockopt(zmq.SNDHWM, RING_HWM)
-    s.setsockopt(zmq.RCVHWM, RING_HWM)
-    s.bind(addr)
-    return s
+    options = {
+        zmq.LINGER: 0,
+        zmq.ROUTER_MANDATORY: 1,  # sending to an unknown worker raises, not drops
+        # A worker's routing id names its incarnation (ipc.validate), so handover only lets
+        # the same process take back its own id after a reconnect.
+        zmq.ROUTER_HANDOVER: 1,
+        zmq.SNDHWM: RING_HWM,
+        zmq.RCVHWM: RING_HWM,
+    }
+
+    def setup(s: zmq.Socket) -> None:
+        security.server(ctx, s, addr)
+        _bind(s, addr)
+
+    return _socket(ctx, zmq.ROUTER, options, setup)
 
 
-def dealer(ctx: zmq.Context, addr: str, identity: str) -> zmq.Socket:
+def dealer(
+    ctx: zmq.Context, addr: str, identity: bytes, security: RingSecurity = _PLAIN
+) -> zmq.Socket:
     """A worker's connection to the frontend."""
-    s = ctx.socket(zmq.DEALER)
-    s.setsockopt(zmq.IDENTITY, identity.encode())
-    s.setsockopt(zmq.LINGER, 0)
-    s.setsockopt(zmq.SNDHWM, RING_HWM)
-    s.setsockopt(zmq.RCVHWM, RING_HWM)
-    s.connect(addr)
-    return s
+    options = {zmq.IDENTITY: identity, zmq.LINGER: 0, zmq.SNDHWM: RING_HWM, zmq.RCVHWM: RING_HWM}
+
+    def setup(s: zmq.Socket) -> None:
+        security.client(s, addr)
+        s.connect(addr)
+
+    return _socket(ctx, zmq.DEALER, options, setup)
 
 
-def pull(ctx: zmq.Context, addr: str) -> zmq.Socket:
+def pull(ctx: zmq.Context, addr: str, security: RingSecurity = _PLAIN) -> zmq.Socket:
     _prepare_ipc(addr)
-    s = ctx.socket(zmq.PULL)
-    s.setsockopt(zmq.LINGER, 0)
-    s.setsockopt(zmq.RCVHWM, RING_HWM)
-    s.bind(addr)
-    return s
+
+    def setup(s: zmq.Socket) -> None:
+        security.server(ctx, s, addr)
+        _bind(s, addr)
+
+    return _socket(ctx, zmq.PULL, {zmq.LINGER: 0, zmq.RCVHWM: RING_HWM}, setup)
 
 
-def push(ctx: zmq.Context, addr: str) -> zmq.Socket:
-    s = ctx.socket(zmq.PUSH)
-    s.setsockopt(zmq.LINGER, 0)
-    s.setsockopt(zmq.SNDHWM, RING_HWM)
-    s.connect(addr)
-    return s
+def push(ctx: zmq.Context, addr: str, security: RingSecurity = _PLAIN) -> zmq.Socket:
+    def setup(s: zmq.Socket) -> None:
+        security.client(s, addr)
+        s.connect(addr)
+
+    return _socket(ctx, zmq.PUSH, {zmq.LINGER: 0, zmq.SNDHWM: RING_HWM}, setup)
 
 
 def send(sock: zmq.Socket, msg: Message, *, to: bytes | None = None, block: bool = True) -> None:

@@ -13,6 +13,7 @@ import json
 
 _OPENAI_TYPES = {
     400: ("invalid_request_error", None),
+    401: ("invalid_request_error", "invalid_api_key"),
     404: ("invalid_request_error", "not_found"),
     405: ("invalid_request_error", "method_not_allowed"),
     413: ("invalid_request_error", "request_too_large"),
@@ -23,6 +24,7 @@ _OPENAI_TYPES = {
 }
 _ANTHROPIC_TYPES = {
     400: "invalid_request_error",
+    401: "authentication_error",
     404: "not_found_error",
     405: "invalid_request_error",
     413: "request_too_large",

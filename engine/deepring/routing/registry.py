@@ -28,6 +28,7 @@ class WorkerState:
     load: WorkerLoad
     stats: Stats | None = None
     rids: set[int] = field(default_factory=set)  # requests it holds
+    route: bytes = b""  # the ZeroMQ routing id of this incarnation (ipc.validate.worker_route)
 
 
 class WorkerRegistry:
@@ -39,8 +40,9 @@ class WorkerRegistry:
 
     # ---- membership ----------------------------------------------------------------------------
 
-    def add(self, wid: str, msg: Health) -> WorkerState:
-        """Register a worker that announced itself ready. ValueError for an unknown role."""
+    def add(self, wid: str, msg: Health, route: bytes = b"") -> WorkerState:
+        """Register a worker that announced itself ready (from routing id `route`).
+        ValueError for an unknown role."""
         info = dict(msg.info)
         role = info.get("role")
         if role not in ROLES:
@@ -52,7 +54,7 @@ class WorkerRegistry:
         )
         if role == "decode" and "block_size" in info:
             self.router.block_size = int(info["block_size"])
-        w = WorkerState(wid, role, msg.gen, msg.pid, info, time.monotonic(), load)
+        w = WorkerState(wid, role, msg.gen, msg.pid, info, time.monotonic(), load, route=route)
         self.workers[wid] = w
         self.seen_pids.add(msg.pid)
         return w

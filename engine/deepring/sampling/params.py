@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
@@ -10,13 +11,26 @@ def _is_int(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
+# Integers off the wire must fit the int32 / int64 tensors the sampler builds from them, and
+# floats must be finite: a peer's value out of range is refused here, not in a kernel.
+_I32 = 2**31
+
+
+def _int32(v: Any) -> bool:
+    return _is_int(v) and -_I32 <= v < _I32
+
+
+def _finite(v: Any) -> bool:
+    return _is_int(v) or (isinstance(v, float) and math.isfinite(v))
+
+
 _WIRE_TYPES = {
-    "temperature": lambda v: _is_int(v) or isinstance(v, float),
-    "top_p": lambda v: _is_int(v) or isinstance(v, float),
-    "top_k": _is_int,
+    "temperature": _finite,
+    "top_p": _finite,
+    "top_k": _int32,
     "seed": lambda v: v is None or _is_int(v),
-    "max_tokens": _is_int,
-    "stop_token_ids": lambda v: isinstance(v, tuple) and all(_is_int(t) for t in v),
+    "max_tokens": _int32,
+    "stop_token_ids": lambda v: isinstance(v, tuple) and len(v) <= 4096 and all(map(_int32, v)),
     "ignore_eos": lambda v: isinstance(v, bool),
 }
 
@@ -70,9 +84,9 @@ class SamplingParams:
     def from_wire(cls, d: dict[str, Any]) -> SamplingParams:
         """The inverse of to_wire; ValueError for unknown, missing or bad fields."""
         names = {f.name for f in fields(cls)}
-        unknown = set(d) - names
+        unknown = {k for k in d if k not in names}
         if unknown:
-            raise ValueError(f"unknown sampling fields {sorted(unknown)}")
+            raise ValueError(f"unknown sampling fields {sorted(map(repr, unknown))}"[:200])
         d = dict(d)
         if isinstance(d.get("stop_token_ids"), list):
             d["stop_token_ids"] = tuple(d["stop_token_ids"])

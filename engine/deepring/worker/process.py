@@ -25,9 +25,11 @@ import zmq
 
 from deepring import env
 from deepring.config import WorkerConfig
-from deepring.ipc import sockets
-from deepring.ipc.codec import decode
-from deepring.ipc.messages import Handoff, Health, Message, Shutdown, Stats
+from deepring.ipc import drops, sockets
+from deepring.ipc.codec import MessageError, decode_strict
+from deepring.ipc.curve import RingSecurity
+from deepring.ipc.messages import Abort, Handoff, Health, Message, Shutdown, Stats, Submit
+from deepring.ipc.validate import worker_route
 from deepring.logs import setup_logging
 
 if TYPE_CHECKING:
@@ -57,16 +59,39 @@ def engine_info(config: WorkerConfig, built: BuiltEngine) -> dict:
     }
 
 
+# What each socket takes; anything else is dropped and counted. The handoff socket is open to
+# every prefill host, so it takes handoffs and nothing else: no Shutdown, no Health, no Abort.
+_FROM_FRONTEND = {
+    "prefill": (Submit, Abort, Health, Shutdown),
+    "decode": (Abort, Health, Shutdown),
+}
+_FROM_PREFILL = (Handoff,)
+
+
 class WorkerLink:
     """A worker's sockets: the DEALER to the frontend, the handoff PULL (decode) and the
-    handoff PUSHes (prefill, one per decode endpoint, connected on first use)."""
+    handoff PUSHes (prefill, one per decode endpoint, connected on first use). `gen` is the
+    incarnation, part of the routing id the frontend knows this process by."""
 
-    def __init__(self, config: WorkerConfig) -> None:
+    def __init__(self, config: WorkerConfig, gen: int) -> None:
+        self.security = RingSecurity.load(config.ring_keys, config.insecure_ring)
+        self.drops = drops.DropLog(log, config.worker_id)
+        self._from_frontend = _FROM_FRONTEND[config.role]
         self.ctx = zmq.Context(io_threads=1)
-        self.frontend = sockets.dealer(self.ctx, config.frontend_addr, config.worker_id)
-        self.handoff_in = None
-        if config.role == "decode":
-            self.handoff_in = sockets.pull(self.ctx, config.handoff_bind)  # type: ignore[arg-type]
+        try:
+            self.frontend = sockets.dealer(
+                self.ctx, config.frontend_addr, worker_route(config.worker_id, gen), self.security
+            )
+            self.handoff_in = None
+            if config.role == "decode":
+                self.handoff_in = sockets.pull(
+                    self.ctx,
+                    config.handoff_bind,  # type: ignore[arg-type]
+                    self.security,
+                )
+        except BaseException:
+            self.close()
+            raise
         self._out: dict[str, zmq.Socket] = {}
         self.poller = zmq.Poller()
         self.poller.register(self.frontend, zmq.POLLIN)
@@ -79,7 +104,7 @@ class WorkerLink:
     def handoff(self, addr: str, msg: Handoff) -> None:
         sock = self._out.get(addr)
         if sock is None:
-            sock = self._out[addr] = sockets.push(self.ctx, addr)
+            sock = self._out[addr] = sockets.push(self.ctx, addr, self.security)
         sockets.send(sock, msg, block=False)
 
     def poll(self, timeout: float) -> tuple[list[Message], bool]:
@@ -90,17 +115,30 @@ class WorkerLink:
         if self.frontend in events:
             for frames in sockets.drain(self.frontend):
                 heard = True
-                msg = decode(frames, "frontend")
+                msg = self._accept(frames, self._from_frontend, "the frontend")
                 if msg is not None:
                     out.append(msg)
         if self.handoff_in is not None and self.handoff_in in events:
             for frames in sockets.drain(self.handoff_in, copy=False):
-                msg = decode(frames, "a prefill worker")
+                msg = self._accept(frames, _FROM_PREFILL, "the handoff socket")
                 if msg is not None:
                     out.append(msg)
         return out, heard
 
+    def _accept(self, frames: list, types: tuple[type[Message], ...], source: str):
+        """The message in `frames` when it is one of `types`; else None (dropped, counted)."""
+        try:
+            msg = decode_strict(frames)
+        except MessageError as e:
+            self.drops.drop(drops.MALFORMED, source, str(e))
+            return None
+        if not isinstance(msg, types):
+            self.drops.drop(drops.UNEXPECTED, source, f"a {msg.TYPE} message")
+            return None
+        return msg
+
     def close(self) -> None:
+        self.security.close()
         self.ctx.destroy(linger=0)
 
 
@@ -126,8 +164,8 @@ def run_worker(config: WorkerConfig) -> int:
     from deepring.worker.roles import DecodeRole, PrefillRole
 
     built = build_engine(config.engine)
-    link = WorkerLink(config)
     gen = random.SystemRandom().getrandbits(62) + 1
+    link = WorkerLink(config, gen)
     role_cls = PrefillRole if config.role == "prefill" else DecodeRole
     role = role_cls(built.engine, link, config.worker_id, gen)
     info = engine_info(config, built)
@@ -145,10 +183,15 @@ def run_worker(config: WorkerConfig) -> int:
         )
 
     def stats() -> None:
-        link.to_frontend(Stats(worker=config.worker_id, gen=gen, **role.load()))
+        link.to_frontend(
+            Stats(worker=config.worker_id, gen=gen, dropped=dict(link.drops.counts), **role.load())
+        )
 
     health("ready")
-    log.info("ready (%s, pid %d)", "zero-cost" if config.engine.zero_cost else "model", pid)
+    handoffs = f", handoffs on {config.handoff_bind}" if config.role == "decode" else ""
+    log.info(
+        "ready (%s, pid %d%s)", "zero-cost" if config.engine.zero_cost else "model", pid, handoffs
+    )
     now = time.monotonic()
     heard_at = now
     next_beat = now + config.heartbeat_interval

@@ -198,7 +198,8 @@ class PrefillRole(Role):
                 self.link.handoff(target.addr, msg)
             except zmq.Again:
                 failed.error(rid, f"decode worker {target.worker} is not taking handoffs")
-            except zmq.ZMQError as e:  # e.g. an endpoint that does not parse
+            except (zmq.ZMQError, ValueError) as e:
+                # An endpoint that does not parse, or a tcp:// one without ring keys here.
                 failed.error(rid, f"cannot reach decode worker {target.worker}: {e}")
         self._send(failed)
 

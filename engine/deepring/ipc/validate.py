@@ -1,0 +1,200 @@
+"""What a well-formed message from a worker looks like, beyond its field types.
+
+The codec checks types (an int is an int); this module checks meaning: the routing id a worker
+connects with names the worker and its incarnation, a `ready` carries the facts the frontend
+will rely on (with sane types and bounds), a load report holds non-negative counts that fit
+together, and a Tokens message's lists line up with its token ids. Each check returns None for
+a good message and a short reason otherwise; the caller drops and counts the message.
+
+Routing ids: a worker's DEALER connects as `<role>-<index>/<gen in hex>`, e.g.
+`decode-0/3f9c2a71d05b88e1`. The incarnation in the routing id means a restarted process (or
+any other process claiming the same worker name) is a different ZeroMQ peer from the one
+registered, so it can neither take over the live worker's connection nor be mistaken for it.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Any
+
+from deepring.config import ROLES, check_address
+from deepring.ipc.messages import HEALTH_STATES, Health, Stats, Tokens
+
+_ROUTE = re.compile(rb"(prefill|decode)-(\d{1,6})/([0-9a-f]{1,16})")
+# Metric label and name material: what a prefix-cache counter may be called.
+_COUNTER_NAME = re.compile(r"[a-z][a-z0-9_]{0,63}")
+
+# Bounds far above any real deployment and far below what would overflow a float or a C int.
+_MAX_COUNT = 2**53
+_MAX_ID = 2**64
+_MAX_PID = 2**31
+_MAX_TEXT = 4096
+_MAX_PREFIX_KEYS = 128
+_FINISH_REASONS = frozenset({"stop", "length"})
+
+
+def worker_route(worker_id: str, gen: int) -> bytes:
+    """The ZeroMQ routing id of one incarnation of a worker."""
+    return f"{worker_id}/{gen:x}".encode()
+
+
+def parse_route(route: bytes) -> tuple[str, int] | None:
+    """(worker id, incarnation) of a routing id, or None when it does not follow the scheme."""
+    m = _ROUTE.fullmatch(route)
+    if m is None:
+        return None
+    return f"{m.group(1).decode()}-{int(m.group(2))}", int(m.group(3), 16)
+
+
+def _is_int(v: Any, lo: int = 0, hi: int = _MAX_COUNT) -> bool:
+    return type(v) is int and lo <= v < hi
+
+
+def _is_count(v: Any) -> bool:
+    return _is_int(v) or (type(v) is float and math.isfinite(v) and 0 <= v < _MAX_COUNT)
+
+
+def _is_text(v: Any, limit: int = _MAX_TEXT) -> bool:
+    return isinstance(v, str) and len(v) <= limit
+
+
+def health_problem(route: bytes, msg: Health) -> str | None:
+    """Whether a Health message's names agree with the routing id it came from."""
+    parsed = parse_route(route)
+    if parsed is None:
+        return "routing id is not <role>-<index>/<gen>"
+    wid, gen = parsed
+    if msg.worker != wid or msg.gen != gen:
+        return f"the message names {msg.worker:.40}/{msg.gen:x}, its routing id {wid}/{gen:x}"
+    if msg.state not in HEALTH_STATES:
+        return f"unknown state {msg.state!r:.20}"
+    if not _is_int(msg.pid, 1, _MAX_PID):
+        return f"bad pid {msg.pid!r:.20}"
+    return None
+
+
+# The facts of a `ready` the frontend uses: name -> check.
+_READY_INFO = {
+    "role": lambda v: v in ROLES,
+    "model": lambda v: _is_text(v, 1024),
+    "model_type": lambda v: _is_text(v, 64),
+    "random_weights": lambda v: type(v) is bool,
+    "zero_cost": lambda v: type(v) is bool,
+    "max_model_len": lambda v: _is_int(v, 2, 2**31),
+    "vocab_size": lambda v: _is_int(v, 1, 2**31),
+    "eos_token_ids": lambda v: (
+        isinstance(v, list) and len(v) <= 1024 and all(_is_int(t, 0, 2**31) for t in v)
+    ),
+    "num_slots": lambda v: _is_int(v, 1, 2**24),
+    "num_blocks": lambda v: _is_int(v, 1, 2**40),
+    "block_size": lambda v: _is_int(v, 1, 2**20),
+    "tokenizer": lambda v: v is None or _is_text(v, 4096),
+    "handoff_addr": lambda v: v is None or _is_text(v, 1024),
+}
+
+
+def ready_problem(route: bytes, msg: Health) -> str | None:
+    """Whether a `ready` is a registration the frontend can trust its facts from."""
+    problem = health_problem(route, msg)
+    if problem is not None:
+        return problem
+    info = msg.info
+    if len(info) > 64:
+        return f"info has {len(info)} entries"
+    for name, ok in _READY_INFO.items():
+        if name not in info:
+            return f"info lacks {name!r}"
+        if not ok(info[name]):
+            return f"info {name} = {info[name]!r:.40} is out of bounds or of the wrong type"
+    role = info["role"]
+    if not msg.worker.startswith(role + "-"):
+        return f"worker {msg.worker} announced the role {role!r}"
+    if role == "decode":
+        addr = info["handoff_addr"]
+        try:
+            check_address("handoff_addr", addr)
+        except ValueError as e:
+            return str(e)
+        if addr.startswith("inproc://"):
+            return "a decode worker's handoff endpoint cannot be inproc://"
+    return None
+
+
+_STATS_COUNTS = (
+    "waiting",
+    "running",
+    "free_slots",
+    "num_slots",
+    "used_blocks",
+    "num_blocks",
+    "queued_tokens",
+    "steps",
+    "generated",
+    "preemptions",
+)
+
+
+def _counter_map(d: dict, what: str) -> str | None:
+    if len(d) > _MAX_PREFIX_KEYS:
+        return f"{what} has {len(d)} entries"
+    for key, value in d.items():
+        if not isinstance(key, str) or _COUNTER_NAME.fullmatch(key) is None:
+            return f"{what} has a bad name {key!r:.40}"
+        if not _is_count(value):
+            return f"{what}.{key} = {value!r:.40} is not a count"
+    return None
+
+
+def stats_problem(msg: Stats) -> str | None:
+    """Whether a load report holds counts that make sense: non-negative, bounded, consistent."""
+    for name in _STATS_COUNTS:
+        value = getattr(msg, name)
+        if not _is_int(value):
+            return f"{name} = {value!r:.40}"
+    if not (math.isfinite(msg.step_seconds) and msg.step_seconds >= 0):
+        return f"step_seconds = {msg.step_seconds!r:.40}"
+    if msg.free_slots > msg.num_slots or msg.running > msg.num_slots:
+        return "more free or running slots than slots"
+    if msg.used_blocks > msg.num_blocks:
+        return "more used blocks than blocks"
+    return _counter_map(msg.prefix_cache, "prefix_cache") or _counter_map(msg.dropped, "dropped")
+
+
+def _pairs(items: list, kinds: tuple) -> bool:
+    """Every item is a list of len(kinds) whose entries pass the checks in kinds."""
+    for item in items:
+        if not isinstance(item, list) or len(item) != len(kinds):
+            return False
+        if not all(ok(v) for ok, v in zip(kinds, item, strict=True)):
+            return False
+    return True
+
+
+def _rid(v: Any) -> bool:
+    return _is_int(v, 0, _MAX_ID)
+
+
+def tokens_problem(msg: Tokens, vocab_size: int | None) -> str | None:
+    """Whether a Tokens message is internally consistent (ids within the vocabulary)."""
+    n = len(msg.rids)
+    if len(msg.offsets) != n or len(msg.counts) != n:
+        return "rids, offsets and counts differ in length"
+    if not all(map(_rid, msg.rids)):
+        return "a request id is not an unsigned 64-bit integer"
+    if not all(map(_is_int, msg.offsets)) or not all(map(_is_int, msg.counts)):
+        return "an offset or count is not a non-negative integer"
+    ids = msg.token_ids
+    if sum(msg.counts) != len(ids):
+        return f"counts add up to {sum(msg.counts)}, but {len(ids)} token ids came"
+    if len(ids) and (
+        int(ids.min()) < 0 or (vocab_size is not None and int(ids.max()) >= vocab_size)
+    ):
+        return "a token id is outside the vocabulary"
+    if not _pairs(msg.finished, (_rid, lambda v: v in _FINISH_REASONS, _is_int)):
+        return "finished entries are not [rid, reason, total]"
+    if not _pairs(msg.cache_hits, (_rid, _is_int)):
+        return "cache_hits entries are not [rid, tokens]"
+    if not _pairs(msg.errors, (_rid, _is_text)):
+        return "errors entries are not [rid, message]"
+    return None
