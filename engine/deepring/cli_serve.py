@@ -198,6 +198,18 @@ def _add_frontend_args(p: argparse.ArgumentParser) -> None:
         default=256,
         help="requests allowed to wait beyond the decode slots before 429",
     )
+    g.add_argument(
+        "--max-reroutes",
+        type=int,
+        default=FrontendConfig.max_reroutes,
+        help="reroutes in a row without a new token before a request fails (default 3)",
+    )
+    g.add_argument(
+        "--reroute-deadline",
+        type=float,
+        default=FrontendConfig.reroute_deadline,
+        help="seconds after its arrival a request may still be rerouted (default 600)",
+    )
     g.add_argument("--max-body-bytes", type=int, default=8 << 20)
     g.add_argument(
         "--drain-timeout",
@@ -237,6 +249,8 @@ def _frontend_config(
         expect_prefill=n_prefill,
         expect_decode=n_decode,
         max_queued_requests=args.max_queued_requests,
+        max_reroutes=args.max_reroutes,
+        reroute_deadline=args.reroute_deadline,
         max_body_bytes=args.max_body_bytes,
         drain_timeout=args.drain_timeout if args.drain_timeout is not None else env.drain_timeout(),
         heartbeat_interval=env.heartbeat_interval(),

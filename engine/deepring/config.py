@@ -217,6 +217,10 @@ class FrontendConfig:
     expect_prefill: int = 1  # ready only when this many prefill workers are registered
     expect_decode: int = 1
     max_queued_requests: int = 256  # requests waiting beyond the decode slots; then 429
+    # A request whose worker dies is resubmitted (with its tokens so far); it fails after this
+    # many reroutes in a row without a new token, or once it is older than the deadline.
+    max_reroutes: int = 3
+    reroute_deadline: float = 600.0
     max_body_bytes: int = 8 << 20  # larger request bodies get 413
     drain_timeout: float = 30.0
     heartbeat_interval: float = 1.0
@@ -242,6 +246,8 @@ class FrontendConfig:
             raise ValueError("need at least one prefill and one decode worker")
         if self.max_queued_requests < 0:
             raise ValueError("max_queued_requests must be >= 0")
+        if self.max_reroutes < 0 or not self.reroute_deadline > 0:
+            raise ValueError("max_reroutes must be >= 0 and reroute_deadline > 0")
         if self.max_body_bytes < 1024:
             raise ValueError("max_body_bytes must be >= 1024")
         if not self.served_model_names or not all(self.served_model_names):

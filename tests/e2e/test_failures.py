@@ -1,6 +1,6 @@
 """Failure and load behaviour of a running server, each followed by a request that succeeds:
-a decode worker killed mid-stream, a client that disconnects mid-stream, a flood past the
-queue limit, SIGTERM under load."""
+a decode worker killed mid-stream (rerouted), a client that disconnects mid-stream, a flood
+past the queue limit, SIGTERM under load."""
 
 from __future__ import annotations
 
@@ -10,7 +10,6 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-import anthropic
 import httpx2
 import openai
 import pytest
@@ -41,39 +40,30 @@ def _wait(predicate, timeout: float = 60.0, what: str = "condition") -> None:
         time.sleep(0.05)
 
 
-def test_killed_decode_worker_ends_streams_with_an_error(server, openai_client, anthropic_client):
-    old = server.worker_pid("decode")
+def _chat_text(openai_client, max_tokens: int, kill: int | None = None) -> str:
     chat = openai_client.chat.completions.create(
         model="tiny",
         messages=CHAT["messages"],
-        max_tokens=900,
+        max_tokens=max_tokens,
+        temperature=0,
         stream=True,
         extra_body={"thinking": {"type": "disabled"}},
     )
-    messages = anthropic_client.messages.create(
-        model="tiny",
-        max_tokens=900,
-        stream=True,
-        messages=CHAT["messages"],
-        thinking={"type": "disabled"},
-    )
-    chat_it, msg_it = iter(chat), iter(messages)
-    for _ in range(3):  # both are decoding
-        next(chat_it)
-    while next(msg_it).type != "content_block_delta":
-        pass
-    os.kill(old, signal.SIGKILL)
-    with pytest.raises(openai.APIError, match="decode worker decode-0"):
-        for _ in chat_it:
-            pass
-    with pytest.raises(anthropic.APIStatusError) as e:
-        for _ in msg_it:
-            pass
-    assert e.value.body["type"] == "error"
-    assert e.value.body["error"]["type"] == "api_error"
-    assert "decode worker decode-0" in e.value.body["error"]["message"]
-    chat.close()
-    messages.close()
+    text = []
+    for i, chunk in enumerate(chat):
+        text += [c.delta.content or "" for c in chunk.choices]
+        if i == 3 and kill is not None:  # decoding: kill the only decode worker
+            os.kill(kill, signal.SIGKILL)
+    return "".join(text)
+
+
+def test_killed_decode_worker_is_invisible_even_without_a_spare(server, openai_client):
+    """The only decode worker dies mid-stream: the request waits for its restart and goes on
+    where it was, with the output of an uninterrupted run (tests/e2e/test_reroute.py has the
+    other faults)."""
+    want = _chat_text(openai_client, 120)
+    old = server.worker_pid("decode")
+    assert _chat_text(openai_client, 120, kill=old) == want
     h = server.wait_healthy()
     assert server.worker_pid("decode") != old
     assert h["requests_in_flight"] == 0

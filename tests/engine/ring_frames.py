@@ -33,6 +33,7 @@ VALID = [
         decode_gen=3,
         decode_addr="ipc:///tmp/none",
         cache_class="chat",
+        num_output=0,
     ),
     Handoff(
         rid=7,

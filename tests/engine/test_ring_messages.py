@@ -32,6 +32,7 @@ SAMPLES = [
         decode_gen=123456789,
         decode_addr="ipc:///tmp/deepring-x/handoff-1",
         cache_class="agent",
+        num_output=2,
     ),
     Handoff(
         rid=2**40 + 3,

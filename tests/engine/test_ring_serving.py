@@ -199,22 +199,20 @@ def test_junk_on_the_ring_is_dropped(ring):
     assert ring.call(lambda: ring.client.workers["decode-0"].pid) == pid
 
 
-def test_killed_decode_worker_fails_its_requests_and_comes_back(ring):
+def test_killed_decode_worker_is_invisible_to_its_request(ring):
+    """The only decode worker dies mid-stream: the request is rerouted with its tokens so far,
+    waits for the restarted worker, and ends with the tokens of an uninterrupted run."""
+    params = SamplingParams(temperature=0, max_tokens=60)
+    want = ring.generate(_prompt(20, 8), params)
     old = ring.call(lambda: ring.client.workers["decode-0"].pid)
-    _rid, sink = ring.submit(_prompt(20, 8), SamplingParams(temperature=0, max_tokens=400))
+    _rid, sink = ring.submit(_prompt(20, 8), params)
     ring.wait_for(lambda: len(sink.ids) >= 2)
     os.kill(old, signal.SIGKILL)
-    status, message = ring.wait(sink)
-    assert status == "error"
-    assert "decode worker decode-0" in message
-    assert "exited unexpectedly" in message
-    ring.run(ring.client.wait_ready(), timeout=120)
+    assert (ring.wait(sink), sink.ids) == want
     new = ring.call(lambda: ring.client.workers["decode-0"].pid)
     assert new != old
     assert ring.supervisor.restarts == 1
-    status, ids = ring.generate(_prompt(6, 9), SamplingParams(temperature=0, max_tokens=5))
-    assert status == ("finished", "length")
-    assert len(ids) == 5
+    assert ring.call(lambda: ring.client.metrics.rerouted) == 1
 
 
 def test_a_full_queue_refuses_requests(ring):

@@ -51,6 +51,7 @@ def _submit(rid: int, prompt: list[int], params: SamplingParams, seed: int = 0) 
             decode_gen=GEN,
             decode_addr="ipc:///nowhere/handoff-0",
             cache_class="chat",
+            num_output=0,
         )
     )
 

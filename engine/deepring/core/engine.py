@@ -114,10 +114,12 @@ class EngineCore:
         params: SamplingParams,
         seed: int,
         cache_class: str = "chat",
+        output_ids: list[int] | None = None,
     ) -> Request:
         """A new request, prefilled from its longest cached prefix (or from scratch).
         cache_class: how long the store keeps its blocks ("chat" | "agent", see
-        PrefixConfig). ValueError when it cannot be served."""
+        PrefixConfig). output_ids: tokens it already generated elsewhere (a request resumed
+        after a fault: it continues with the next one). ValueError when it cannot be served."""
         self._check(rid, prompt_ids)
         if len(prompt_ids) + params.max_tokens > self.max_model_len:
             raise ValueError(
@@ -126,9 +128,16 @@ class EngineCore:
             )
         if cache_class not in CACHE_CLASSES:
             raise ValueError(f"cache class must be one of {CACHE_CLASSES}, got {cache_class!r}")
+        done = list(output_ids or ())
+        if len(done) >= params.max_tokens:
+            raise ValueError(f"{len(done)} tokens already generated: max_tokens is reached")
+        bad = [t for t in done if not 0 <= t < self.vocab_size]
+        if bad:
+            raise ValueError(f"output token ids out of range [0, {self.vocab_size}): {bad[:5]}")
         req = Request(
-            rid=rid, prompt_ids=list(prompt_ids), params=params, seed=seed, cache_class=cache_class
-        )
+            rid=rid, prompt_ids=list(prompt_ids), params=params, seed=seed,
+            cache_class=cache_class, output_ids=done,
+        )  # fmt: skip
         if self.prefix is not None:
             self.prefix.plan(req)
         self.requests[rid] = req

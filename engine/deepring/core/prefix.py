@@ -126,7 +126,8 @@ class PrefixCache:
     def plan(self, req: Request) -> None:
         """Name the request's prompt blocks and start reading from the store what the faster
         tiers lack."""
-        req.block_keys = chain_keys(self.root, req.prompt_ids, self.block_size)
+        # Over prompt and output: a request resumed after a fault has both.
+        req.block_keys = chain_keys(self.root, req.tokens(0, req.num_tokens), self.block_size)
         self.stats["requests"] += 1
         if self._reader is None:
             return

@@ -9,12 +9,18 @@ workers.
 A request's life: submit -> (queued while no worker of a role is ready) -> Submit to the chosen
 prefill worker -> first token from prefill -> later tokens from decode, ordered by their
 output offsets (the two workers' messages may arrive in either order) -> finished, failed, or
-aborted. A worker that exits, stops answering heartbeats or says it is exiting fails the
-requests it held, with a message saying which worker and why; another process under its name is
-refused until then. A request no worker can take within queue_timeout seconds fails with 503.
-What comes off the socket is checked by frontend.intake first. Which workers exist and how
-loaded they are is kept by the registry (routing.registry); this module tells it what happens
-and asks it where to send each request.
+aborted. A worker that exits, stops answering heartbeats or says it is exiting loses the
+requests it held: each is rerouted (`_reroute`), resubmitted under a new id with its prompt and
+every token it streamed so far to another pair of workers (the prefix cache serves what it
+can), and its stream goes on from the next token with nothing repeated or missing: sampling
+depends only on (seed, position), so the continuation is the one the lost worker would have
+produced. After `max_reroutes` reroutes in a row without a new token, or `reroute_deadline`
+seconds, it fails with a message saying which worker and why. Another process under a live
+worker's name is refused until that one is declared dead. A request no worker can take within
+queue_timeout seconds (of its last queueing) fails with 503. What comes off the socket is
+checked by frontend.intake first. Which workers exist and how loaded they are is kept by the
+registry (routing.registry); this module tells it what happens and asks it where to send each
+request.
 """
 
 from __future__ import annotations
@@ -145,6 +151,7 @@ class EngineClient:
             seed=seed,
             sink=sink,
             arrival=time.monotonic(),
+            queued_at=time.monotonic(),
             cache_class=cache_class,
         )
         st.uncached = len(prompt_ids) - self._cached_estimate(st.prompt_ids)
@@ -175,24 +182,27 @@ class EngineClient:
         return len(self.queue)
 
     def _dispatch(self, st: RequestState) -> bool:
-        n = len(st.prompt_ids)
+        ids = st.submitted_ids()
+        n = len(ids)
         pair = self.registry.route(n, st.uncached)
         if pair is None:
             return False
         p, d = pair
         msg = Submit(
             rid=st.rid,
-            prompt_ids=st.prompt_ids,
+            prompt_ids=ids,
             sampling=st.params,
             seed=st.seed,
             decode_worker=d.id,
             decode_gen=d.gen,
             decode_addr=d.info.get("handoff_addr") or "",
             cache_class=st.cache_class,
+            num_output=len(st.output_ids),
         )
         if not self._send(p.id, msg):
             return False
         st.prefill, st.decode, st.stage = p.id, d.id, "prefill"
+        st.booked, st.received = n, 0
         self.registry.assign(st.rid, n, p, d, st.uncached)
         return True
 
@@ -208,7 +218,9 @@ class EngineClient:
 
     def _release(self, st: RequestState) -> None:
         """Take a finished request off its workers' books."""
-        self.registry.release(st.rid, len(st.prompt_ids), st.received, st.prefill, st.decode)
+        self.registry.release(
+            st.rid, st.booked, st.received, st.prefill, st.decode, uncached=st.uncached
+        )
         if st.stage == "queued":
             with contextlib.suppress(ValueError):
                 self.queue.remove(st)
@@ -237,7 +249,7 @@ class EngineClient:
     def _expire_queued(self, now: float) -> None:
         """Fail (503) requests that waited longer than queue_timeout for a worker."""
         limit = self.config.queue_timeout
-        for st in [st for st in self.queue if now - st.arrival > limit]:
+        for st in [st for st in self.queue if now - st.queued_at > limit]:
             missing = [r for r in ("prefill", "decode") if not self.registry.ready_workers(r)]
             why = (
                 f"no {' or '.join(missing)} worker is available"
@@ -249,18 +261,62 @@ class EngineClient:
     # ---- workers -------------------------------------------------------------------------------
 
     def worker_lost(self, wid: str, why: str) -> None:
-        """A worker is gone (exited, silent, or replaced): fail what it held."""
+        """A worker is gone (exited, silent, or replaced): reroute what it held."""
         w = self.registry.remove(wid)
         if w is None:
             return
         log.warning("worker %s lost: %s", wid, why)
-        message = f"{w.role} worker {wid} {why}; the request was aborted"
-        for rid in list(w.rids):
-            st = self.requests.get(rid)
-            if st is not None:
-                self._fail(st, message)
+        self._reroute_all(w, f"{w.role} worker {wid} {why}")
         if self._ready_event is not None and not self.ready:
             self._ready_event.clear()
+
+    def _reroute_all(self, w: WorkerState, why: str) -> None:
+        """Reroute every request `w` held: those it was prefilling or decoding, and those it
+        prefilled whose decode worker has not been heard from (the handoff may have died with
+        it). Oldest first: they go back to the front of the queue in arrival order."""
+        lost = [
+            st
+            for st in self.requests.values()
+            if st.rid in w.rids or (st.prefill == w.id and not st.decode_heard)
+        ]
+        w.rids.clear()
+        for st in sorted(lost, key=lambda s: s.arrival, reverse=True):
+            self._reroute(st, why)
+
+    def _reroute(self, st: RequestState, why: str) -> None:
+        """Resubmit a request whose worker was lost, with its tokens so far, under a new id
+        (a late message about the old id from a worker that was only slow is then ignored)."""
+        cfg = self.config
+        if st.next_offset > st.progress_at:  # it got further since its last reroute
+            st.reroutes, st.progress_at = 0, st.next_offset
+        if st.reroutes >= cfg.max_reroutes:
+            self._fail(
+                st, f"{why}; the request was aborted after {st.reroutes} reroutes without progress"
+            )
+            return
+        if time.monotonic() - st.arrival > cfg.reroute_deadline:
+            self._fail(
+                st, f"{why}; the request was aborted (older than {cfg.reroute_deadline:.0f}s)"
+            )
+            return
+        self.requests.pop(st.rid, None)
+        self._release(st)
+        self._abort_on_workers(st, "rerouted")
+        st.reroutes += 1
+        old, st.rid = st.rid, next(self._rids)
+        st.prefill = st.decode = None
+        st.stage = "queued"
+        st.stash.clear()
+        st.final = None
+        st.decode_heard = False
+        ids = st.submitted_ids()
+        st.uncached = len(ids) - self._cached_estimate(ids)
+        self.requests[st.rid] = st
+        self.metrics.rerouted += 1
+        log.info("request %d rerouted as %d after %d tokens (%s)", old, st.rid, st.next_offset, why)
+        st.queued_at = time.monotonic()
+        self.queue.appendleft(st)
+        self._dispatch_queued()
 
     def _register(self, route: bytes, wid: str, msg: Health) -> None:
         old = self.workers.get(wid)
@@ -272,10 +328,7 @@ class EngineClient:
             return
         if old is not None:
             # The same incarnation announcing again: it lost contact and dropped its requests.
-            for rid in list(old.rids):
-                st = self.requests.get(rid)
-                if st is not None:
-                    self._fail(st, f"{old.role} worker {wid} lost contact with the frontend")
+            self._reroute_all(old, f"{old.role} worker {wid} lost contact with the frontend")
             old.last_seen = time.monotonic()
             return
         try:
@@ -392,6 +445,8 @@ class EngineClient:
             if st.stage == "prefill" and w.role == "prefill":
                 st.stage = "decode"  # the first token is in: the prompt is off w's queue
                 self.registry.prefilled(rid, st.uncached, w)
+            elif w.role == "decode":
+                st.decode_heard = True  # the handoff arrived
             st.add(offset, chunk.tolist())
             st.received += count
             self.registry.grew(rid, st.decode, count)
@@ -400,7 +455,8 @@ class EngineClient:
                 touched.append(st)
         for rid, hit in msg.cache_hits:
             st = requests.get(rid)
-            if st is not None and w.id in (st.prefill, st.decode):
+            # A rerouted request keeps reporting its first hit (its usage is already out).
+            if st is not None and w.id in (st.prefill, st.decode) and not st.started:
                 st.cache_hit = int(hit)
                 self.metrics.cached_prompt_tokens += st.cache_hit
         for rid, reason, total in msg.finished:

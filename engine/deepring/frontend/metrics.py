@@ -81,6 +81,7 @@ class Metrics:
         self.requests: dict[str, int] = {}
         self.prompt_tokens = 0
         self.cached_prompt_tokens = 0  # served from the prefix cache
+        self.rerouted = 0  # requests resubmitted after their worker was lost
         self.generated_tokens = 0
         self.rate = Rate()
         self.auth_failures = 0  # requests refused for a missing or wrong API key
@@ -115,6 +116,12 @@ class Metrics:
             "counter",
             "Prompt tokens submitted.",
             [("", self.prompt_tokens)],
+        )
+        metric(
+            "deepring_requests_rerouted_total",
+            "counter",
+            "Requests resubmitted to other workers after theirs was lost.",
+            [("", self.rerouted)],
         )
         metric(
             "deepring_prompt_cached_tokens_total",

@@ -41,12 +41,20 @@ class RequestState:
     seed: int
     sink: Sink
     arrival: float
+    queued_at: float = 0.0  # when it last entered the queue (arrival, or its last reroute)
     prefill: str | None = None
     decode: str | None = None
     stage: str = "queued"  # queued | prefill | decode
     cache_hit: int = 0
     cache_class: str = "chat"  # the prefix cache's TTL class
     uncached: int = 0  # prompt tokens the prefill worker is expected to compute (routing)
+    booked: int = 0  # tokens its current workers were charged for at dispatch
+    # Times resubmitted after its worker died without it streaming a token in between (a
+    # request that keeps making progress is never given up, only bounded by the deadline).
+    reroutes: int = 0
+    progress_at: int = 0  # next_offset at its last reroute
+    decode_heard: bool = False  # a token came from its decode worker (the handoff arrived)
+    output_ids: list[int] = field(default_factory=list)  # every token received in order so far
     next_offset: int = 0
     received: int = 0  # tokens received (in order or not), counted on the decode worker's load
     ready_ids: list[int] = field(default_factory=list)
@@ -56,13 +64,22 @@ class RequestState:
     first_at: float = 0.0
     touched: bool = False
 
+    def submitted_ids(self) -> np.ndarray:
+        """What a prefill worker computes: the prompt, then the output so far (a request
+        resumed after a fault continues from its last token)."""
+        if not self.output_ids:
+            return self.prompt_ids
+        return np.concatenate([self.prompt_ids, np.asarray(self.output_ids, dtype=np.int32)])
+
     def add(self, offset: int, ids: list[int]) -> None:
         if offset == self.next_offset:
             self.ready_ids.extend(ids)
+            self.output_ids.extend(ids)
             self.next_offset += len(ids)
             while self.next_offset in self.stash:
                 more = self.stash.pop(self.next_offset)
                 self.ready_ids.extend(more)
+                self.output_ids.extend(more)
                 self.next_offset += len(more)
         elif offset > self.next_offset:
             self.stash[offset] = ids

@@ -43,10 +43,12 @@ class Message:
 
 @dataclass(frozen=True, eq=False)
 class Submit(Message):
-    """A new request for a prefill worker, with the decode worker it must hand off to."""
+    """A new request for a prefill worker, with the decode worker it must hand off to.
+    prompt_ids ends with the num_output tokens the request already generated (a request
+    resumed on another worker after a fault), 0 for a new one."""
 
     TYPE: ClassVar[str] = "submit"
-    VERSION: ClassVar[int] = 3
+    VERSION: ClassVar[int] = 4
     rid: int
     prompt_ids: np.ndarray = field(metadata={"frame": IDS})
     sampling: SamplingParams = field(metadata=SAMPLING)
@@ -55,6 +57,7 @@ class Submit(Message):
     decode_gen: int  # incarnation of that decode worker (stale handoffs are dropped)
     decode_addr: str  # its handoff endpoint
     cache_class: str  # prefix-cache TTL class: "chat" | "agent"
+    num_output: int  # trailing tokens of prompt_ids that are output already (a resumed request)
 
 
 @dataclass(frozen=True, eq=False)

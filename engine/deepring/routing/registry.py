@@ -128,13 +128,20 @@ class WorkerRegistry:
             d.load.used_tokens += count
 
     def release(
-        self, rid: int, n_tokens: int, received: int, prefill: str | None, decode: str | None
+        self,
+        rid: int,
+        n_tokens: int,
+        received: int,
+        prefill: str | None,
+        decode: str | None,
+        uncached: int | None = None,
     ) -> None:
-        """Take a request off its workers' books (n_tokens: its prompt; received: its output
-        tokens so far)."""
+        """Take a request off its workers' books (n_tokens: its prompt as submitted, of which
+        `uncached` were charged to the prefill worker (default all); received: its output
+        tokens since)."""
         p = self.get(prefill)
         if p is not None:
-            self.prefilled(rid, n_tokens, p)
+            self.prefilled(rid, n_tokens if uncached is None else uncached, p)
         d = self.get(decode)
         if d is not None and rid in d.rids:
             d.rids.discard(rid)

@@ -138,10 +138,13 @@ class PrefillRole(Role):
         if self.draining:
             self._reject(msg.rid, f"{self.worker_id} is shutting down")
             return
+        ids = msg.prompt_ids.tolist()
+        if not 0 <= msg.num_output < len(ids):
+            self._reject(msg.rid, f"request rejected by {self.worker_id}: bad num_output")
+            return
+        cut = len(ids) - msg.num_output
         try:
-            self.engine.add(
-                msg.rid, msg.prompt_ids.tolist(), msg.sampling, msg.seed, msg.cache_class
-            )
+            self.engine.add(msg.rid, ids[:cut], msg.sampling, msg.seed, msg.cache_class, ids[cut:])
         except ValueError as e:
             self._reject(msg.rid, f"request rejected by {self.worker_id}: {e}")
             return
@@ -164,7 +167,8 @@ class PrefillRole(Role):
             if r.new_token is None:
                 continue
             req = r.request
-            out.token(req.rid, 0, r.new_token)
+            # Its output offset (0 unless it was resumed with tokens generated elsewhere).
+            out.token(req.rid, len(req.output_ids) - 1, r.new_token)
             out.cache_hits.append([req.rid, req.cache_hit])
             if r.finished:  # EOS or max_tokens=1: nothing left for a decode worker
                 out.finish(req.rid, req.finish_reason or "stop", len(req.output_ids))

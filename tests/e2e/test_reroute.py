@@ -1,0 +1,190 @@
+"""Faults users never see: workers killed or frozen under streaming load, and every client's
+stream goes on with the exact output of a fault-free run (greedy), no error, no repeated or
+missing token; a request gives up with a clear error only past its reroute budget."""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx2
+import openai
+import pytest
+from e2e_helpers import Server
+
+pytestmark = pytest.mark.slow
+
+ARGS = ("--num-prefill", "2", "--num-decode", "2", "--max-num-seqs", "8", "--max-model-len", "1024")
+
+
+@pytest.fixture(scope="module")
+def fault_env(server_env):
+    env = dict(server_env)
+    env["DEEPRING_HEARTBEAT_INTERVAL"] = "0.3"
+    # Short enough for the freeze test, long enough for a step of a loaded 2-core machine.
+    env["DEEPRING_HEARTBEAT_TIMEOUT"] = "6"
+    return env
+
+
+@pytest.fixture(scope="module")
+def pool(tmp_path_factory, fault_env):
+    s = Server(list(ARGS), tmp_path_factory.mktemp("serve") / "serve.log", fault_env)
+    yield s
+    assert s.stop() == 0, s.log()[-4000:]
+
+
+def _prompts(n: int, seed: int) -> list[str]:
+    rng = random.Random(seed)
+    return [
+        " ".join(f"w{rng.randrange(900)}" for _ in range(rng.randrange(20, 300))) for _ in range(n)
+    ]
+
+
+def _stream(url: str, prompt: str, max_tokens: int, started: threading.Event | None = None):
+    """A streamed chat completion: (the text, the finish reason, chunks)."""
+    with openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=300) as c:
+        text, finish, n = [], None, 0
+        for chunk in c.chat.completions.create(
+            model="tiny",
+            messages=[{"role": "user", "content": prompt}],
+            max_tokens=max_tokens,
+            temperature=0,
+            stream=True,
+            extra_body={"thinking": {"type": "disabled"}},
+        ):
+            for ch in chunk.choices:
+                if ch.delta.content:
+                    text.append(ch.delta.content)
+                    n += 1
+                    if started is not None and n >= 3:
+                        started.set()
+                finish = ch.finish_reason or finish
+        return "".join(text), finish
+
+
+def _run_all(
+    url: str, prompts: list[str], max_tokens: int, fault=None, early: bool = False
+) -> list[tuple]:
+    """Every prompt streamed at once; `fault()` runs once some streams are under way (early:
+    as soon as they are submitted, while prompts are still being prefilled)."""
+    started = threading.Event()
+    with ThreadPoolExecutor(len(prompts)) as ex:
+        futs = [ex.submit(_stream, url, p, max_tokens, started) for p in prompts]
+        if fault is not None:
+            if early:
+                time.sleep(0.3)
+            else:
+                assert started.wait(120), "no stream started"
+            fault()
+        return [f.result(timeout=600) for f in futs]
+
+
+def _pids(server: Server, role: str) -> list[int]:
+    return [w["pid"] for w in server.health()["workers"] if w["role"] == role]
+
+
+def _busiest(server: Server, role: str) -> int:
+    """The pid of the worker of `role` holding the most requests now."""
+    ws = [w for w in server.health()["workers"] if w["role"] == role]
+    return max(ws, key=lambda w: w["running_requests"] + w["queue_length"])["pid"]
+
+
+def _wait_all_up(server: Server, timeout: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        h = server.health()
+        if h["status"] == "ok" and sum(w["up"] for w in h["workers"]) == 4:
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"workers did not all come back: {server.health()}")
+
+
+@pytest.mark.parametrize("role", ["decode", "prefill"])
+def test_a_killed_worker_is_invisible_to_its_streams(pool, role):
+    prompts = _prompts(6, seed=1 if role == "decode" else 2)
+    want = _run_all(pool.url, prompts, 32)
+    rerouted = pool.metric("deepring_requests_rerouted_total")
+
+    def kill() -> None:
+        os.kill(_busiest(pool, role), signal.SIGKILL)
+
+    got = _run_all(pool.url, prompts, 32, fault=kill, early=role == "prefill")
+    assert got == want
+    assert pool.metric("deepring_requests_rerouted_total") > rerouted
+    _wait_all_up(pool)
+
+
+def test_a_frozen_worker_is_declared_dead_and_its_streams_go_on(pool):
+    prompts = _prompts(4, seed=3)
+    want = _run_all(pool.url, prompts, 40)
+
+    def freeze() -> None:
+        victim = _busiest(pool, "decode")
+        os.kill(victim, signal.SIGSTOP)
+        threading.Timer(10.0, os.kill, (victim, signal.SIGCONT)).start()
+
+    got = _run_all(pool.url, prompts, 40, fault=freeze)
+    assert got == want
+    time.sleep(10.5)  # thawed: it re-registers (dropping what it held) and serves again
+    _wait_all_up(pool)
+    assert _run_all(pool.url, prompts[:2], 40) == want[:2]
+
+
+def test_chaos_kills_lose_no_request(pool):
+    """A bounded load test while a random worker is killed every few seconds."""
+    prompts = _prompts(8, seed=4)
+    want = _run_all(pool.url, prompts, 24)
+    stop = threading.Event()
+
+    def chaos() -> None:
+        rng = random.Random(0)
+        while not stop.wait(4.0):
+            ready = [w for w in pool.health()["workers"] if w["up"]]
+            roles = {w["role"] for w in ready}
+            pick = [w for w in ready if sum(x["role"] == w["role"] for x in ready) > 1]
+            if len(roles) == 2 and pick:  # keep one worker of each role alive
+                os.kill(rng.choice(pick)["pid"], signal.SIGKILL)
+
+    t = threading.Thread(target=chaos, daemon=True)
+    t.start()
+    try:
+        with ThreadPoolExecutor(8) as ex:
+            got = list(ex.map(lambda p: _stream(pool.url, p, 24), prompts * 2))
+    finally:
+        stop.set()
+        t.join(10)
+    assert got == want * 2
+    _wait_all_up(pool)
+
+
+def test_past_its_reroute_budget_a_request_fails_clearly(tmp_path_factory, fault_env):
+    s = Server(
+        ["--max-reroutes", "0", "--max-model-len", "1024"],
+        tmp_path_factory.mktemp("serve") / "serve.log",
+        fault_env,
+    )
+    try:
+        started = threading.Event()
+        with ThreadPoolExecutor(1) as ex:
+            fut = ex.submit(_stream, s.url, "Go on and on.", 900, started)
+            assert started.wait(120)
+            os.kill(s.worker_pid("decode"), signal.SIGKILL)
+            with pytest.raises(openai.APIError, match=r"decode worker decode-0 .*after 0 reroutes"):
+                fut.result(timeout=120)
+        s.wait_healthy()
+        r = httpx2.post(
+            f"{s.url}/v1/chat/completions",
+            json={
+                "model": "tiny",
+                "messages": [{"role": "user", "content": "hi"}],
+                "max_tokens": 3,
+            },
+            timeout=120,
+        )
+        assert r.status_code == 200
+    finally:
+        assert s.stop() == 0, s.log()[-4000:]
