@@ -155,6 +155,15 @@ class FrontendConfig:
     heartbeat_interval: float = 1.0
     heartbeat_timeout: float = 10.0
     keepalive_timeout: float = 75.0  # idle HTTP connections are closed after this
+    header_timeout: float = 10.0  # a request head must arrive within this of its first byte
+    body_timeout: float = 30.0  # a request body may pause this long between bytes; then 408
+    write_timeout: float = 60.0  # a client that reads nothing for this long is dropped
+    # Open HTTP connections; more are answered 503. None: 1024, or less where the open-file
+    # limit (RLIMIT_NOFILE) leaves less room.
+    max_connections: int | None = None
+    # Origins (scheme://host[:port]) allowed to differ from the Host they are sent to; "*" is
+    # any. A request whose Origin names another host than its Host is refused (403) otherwise.
+    allowed_origins: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         check_address("ring_addr", self.ring_addr)
@@ -176,6 +185,18 @@ class FrontendConfig:
             raise ValueError("drain_timeout must be >= 0")
         if not 0 < self.heartbeat_interval < self.heartbeat_timeout:
             raise ValueError("need 0 < heartbeat_interval < heartbeat_timeout")
+        for name in ("header_timeout", "body_timeout", "write_timeout"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name} must be > 0")
+        if self.keepalive_timeout < 0:
+            raise ValueError("keepalive_timeout must be >= 0")
+        if self.max_connections is not None and self.max_connections < 1:
+            raise ValueError("max_connections must be >= 1")
+        for origin in self.allowed_origins:
+            if origin != "*" and not origin.startswith(("http://", "https://")):
+                raise ValueError(
+                    f"an allowed origin is '*' or scheme://host[:port], got {origin!r}"
+                )
 
     @property
     def served_model_name(self) -> str:
