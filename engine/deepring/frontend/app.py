@@ -4,6 +4,11 @@ POST /v1/chat/completions, /v1/responses, /v1/messages  generation (SSE or JSON)
 GET  /v1/models                                         the served model
 GET  /health                                            200 when every worker is ready
 GET  /metrics                                           Prometheus text format
+
+GET routes also answer HEAD; a route answers another method with 405 and Allow, OPTIONS with
+its Allow (and CORS preflights of allowed origins, see origins.py). Generation takes only
+`Content-Type: application/json` (else 415): with the Origin rule, that keeps other sites'
+pages from making browsers run requests here.
 """
 
 from __future__ import annotations
@@ -17,6 +22,13 @@ from deepring.config import CACHE_CLASSES, FrontendConfig
 from deepring.frontend.client import EngineClient
 from deepring.frontend.http import HttpRequest
 from deepring.frontend.metrics import Metrics
+from deepring.frontend.origins import (
+    cors_headers,
+    normalize,
+    origin_allowed,
+    preflight_headers,
+    same_host,
+)
 from deepring.frontend.requests import Overloaded
 from deepring.frontend.stream import JsonSink, SseSink
 from deepring.protocol.errors import ApiError, error_body
@@ -34,6 +46,7 @@ _OFFLOAD_BYTES = 32 << 10
 CANNED_MAX_TOKENS = 256
 
 _GENERATE = {"/v1/chat/completions": CHAT, "/v1/responses": RESPONSES, "/v1/messages": MESSAGES}
+_READ = ("/v1/models", "/health", "/metrics")
 
 
 class App:
@@ -45,6 +58,7 @@ class App:
         self.recipe_error: str | None = None
         self.draining = False
         self.started_at = int(time.time())
+        self.allowed_origins = normalize(config.allowed_origins)
 
     def load_recipe(self) -> None:
         """Build the protocol objects once the tokenizer is known (from config or a worker)."""
@@ -79,22 +93,51 @@ class App:
     async def handle(self, req: HttpRequest) -> None:
         path = req.path.rstrip("/") or "/"
         try:
+            origin = req.headers.get("origin")
+            if origin is not None:
+                self._check_origin(req, origin)
             api = _GENERATE.get(path)
-            if api is not None:
-                if req.method != "POST":
-                    raise ApiError(405, f"{path} takes POST")
+            allow = "POST" if api is not None else "GET, HEAD" if path in _READ else None
+            if allow is None and path != "*":
+                raise ApiError(404, f"no route for {req.method} {req.path}")
+            if req.method == "OPTIONS":
+                self._options(req, origin, allow)
+            elif allow is None or req.method not in allow.split(", "):
+                raise ApiError(405, f"{path} takes {allow}", headers=[("allow", allow or "")])
+            elif api is not None:
+                _require_json(req)
                 await self._generate(api, req)
             elif path == "/v1/models":
                 self._models(req)
             elif path == "/health":
                 self._health(req)
-            elif path == "/metrics":
-                self._metrics(req)
             else:
-                raise ApiError(404, f"no route for {req.method} {req.path}")
+                self._metrics(req)
         except ApiError as e:
             if not req.started:
                 req.respond(e.status, e.body(path), headers=e.headers)
+
+    def _check_origin(self, req: HttpRequest, origin: str) -> None:
+        """A page's request (it carries Origin): served when the page is of this host, or of
+        an allowed origin (which then gets the CORS fields to read the answer)."""
+        if same_host(origin, req.headers.get("host")):
+            return
+        if not origin_allowed(origin, self.allowed_origins):
+            raise ApiError(
+                403,
+                f"cross-origin request from {origin!r} refused (start the server with "
+                "--allowed-origins to allow it)",
+            )
+        req.extra_headers = cors_headers(origin)
+
+    def _options(self, req: HttpRequest, origin: str | None, allow: str | None) -> None:
+        allow = allow or "GET, HEAD, POST"
+        if origin is not None and "access-control-request-method" in req.headers:
+            asked = req.headers.get("access-control-request-headers", "")
+            req.extra_headers = None  # the preflight's own fields say it all
+            req.respond(204, b"", headers=[("allow", allow), *preflight_headers(origin, asked)])
+        else:
+            req.respond(204, b"", headers=[("allow", f"{allow}, OPTIONS")])
 
     # ---- generation ----------------------------------------------------------------------------
 
@@ -222,6 +265,19 @@ class App:
 
 
 __all__ = ["App", "error_body"]
+
+
+def _require_json(req: HttpRequest) -> None:
+    """Generation takes JSON bodies only: a page of another site can send text/plain or form
+    bodies without a CORS preflight, but not application/json."""
+    given = req.headers.get("content-type", "")
+    if given.partition(";")[0].strip().lower() != "application/json":
+        what = f"got {given!r}" if given else "none was sent"
+        raise ApiError(
+            415,
+            f"Content-Type must be application/json ({what})",
+            headers=[("accept", "application/json")],
+        )
 
 
 def _cache_class(req: HttpRequest, prep: Prepared) -> str:
