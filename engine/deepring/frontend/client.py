@@ -225,13 +225,14 @@ class EngineClient:
 
     # ---- workers -------------------------------------------------------------------------------
 
-    def worker_lost(self, wid: str, why: str) -> None:
-        """A worker is gone (exited, silent, or replaced): fail what it held."""
+    def worker_lost(self, wid: str, why: str, detail: str = "") -> None:
+        """A worker is gone (exited, silent, or replaced): fail what it held. Its clients learn
+        the role and why, not the worker's name or `detail` (a pid): those go to the log."""
         w = self.registry.remove(wid)
         if w is None:
             return
-        log.warning("worker %s lost: %s", wid, why)
-        message = f"{w.role} worker {wid} {why}; the request was aborted"
+        log.warning("worker %s lost: %s%s", wid, why, f" ({detail})" if detail else "")
+        message = f"the {w.role} worker serving the request {why}; the request was aborted"
         for rid in list(w.rids):
             st = self.requests.get(rid)
             if st is not None:
@@ -242,14 +243,18 @@ class EngineClient:
     def _register(self, wid: str, msg: Health) -> None:
         old = self.workers.get(wid)
         if old is not None and old.gen != msg.gen:
-            self.worker_lost(wid, f"was replaced by a new process (pid {msg.pid})")
+            self.worker_lost(wid, "was replaced by a new process", f"new pid {msg.pid}")
             old = None
         if old is not None:
             # The same incarnation announcing again: it lost contact and dropped its requests.
             for rid in list(old.rids):
                 st = self.requests.get(rid)
                 if st is not None:
-                    self._fail(st, f"{old.role} worker {wid} lost contact with the frontend")
+                    log.warning("worker %s lost contact; failing its requests", wid)
+                    self._fail(
+                        st,
+                        f"the {old.role} worker serving the request lost contact with the frontend",
+                    )
             old.last_seen = time.monotonic()
             return
         try:

@@ -22,6 +22,7 @@ from pathlib import Path
 from deepring_recipe import (
     ChatCompletionRequest,
     ChatCompletionResponse,
+    Conversation,
     ConversationRequest,
     ConversionError,
     ConversionOptions,
@@ -35,10 +36,15 @@ from deepring_recipe import (
 
 from deepring.protocol.errors import ApiError
 from deepring.protocol.formats import PromptFormat
+from deepring.protocol.tokenizer import max_token_bytes
 from deepring.sampling.params import SamplingParams
 
 ProtocolRequest = ChatCompletionRequest | ResponsesRequest | MessagesRequest
 ProtocolResponse = type[ChatCompletionResponse] | type[ResponsesResponse] | type[MessagesResponse]
+
+# Bodies above this have their prompt's length bounded before it is encoded (smaller ones encode
+# in well under a millisecond, so the exact count comes as cheaply).
+BOUND_CHECK_BYTES = 32 << 10
 
 
 @dataclass(frozen=True)
@@ -110,6 +116,10 @@ class Recipe:
             .with_default_thinking_mode(default_thinking)
         )
         self.encoding = prompt_format.encoding(self.tokenizer)
+        # Known when the tokenizer comes as a file: what bounds a prompt's length before encoding.
+        self.max_token_bytes = (
+            None if isinstance(tokenizer, Tokenizer) else max_token_bytes(tokenizer)
+        )
 
     def _convert(self, api: Api, body: bytes | str | dict) -> _Converted:
         try:
@@ -132,6 +142,24 @@ class Recipe:
         except (RuntimeError, ValueError) as e:
             raise ApiError(400, f"the prompt could not be encoded: {e}") from None
 
+    def _check_length_bound(self, conversation: Conversation, max_model_len: int) -> None:
+        """Refuse, without encoding it, a prompt that cannot fit: a token stands for at most
+        max_token_bytes bytes of text, and a character is at least one byte, so the rendered
+        prompt has at least ceil(characters / max_token_bytes) tokens (128 bytes for the V4
+        tokenizer: a 1024-token context refuses prompts of more than 131,072 characters here)."""
+        per_token = self.max_token_bytes
+        if per_token is None:
+            return
+        chars = len(self.encoding.render_conversation(conversation).prompt)
+        least = -(-chars // per_token)
+        if least >= max_model_len:
+            raise ApiError(
+                400,
+                f"This model's maximum context length is {max_model_len} tokens, and the "
+                f"prompt ({chars} characters) is at least {least} tokens. Please reduce the "
+                "length of the messages.",
+            )
+
     def encode(self, api: Api, body: bytes | str | dict) -> list[int]:
         """The prompt token ids of a request body. ApiError when it cannot be served."""
         return self._encode(self._convert(api, body).conv)
@@ -140,12 +168,23 @@ class Recipe:
         """Parse, convert, encode; resolve limits and sampling; build the stream processor.
         ApiError (with the protocol's status and body) when the request cannot be served."""
         c = self._convert(api, body)
+        if isinstance(body, (bytes, str)) and len(body) > BOUND_CHECK_BYTES:
+            self._check_length_bound(c.conv.conversation, max_model_len)
         prompt_ids = self._encode(c.conv)
         conv = c.conv
         try:
             max_tokens = conv.resolve_max_tokens(len(prompt_ids), max_model_len)
         except ConversionError as e:
             raise ApiError(e.status_code, str(e), openai_body=e.body) from None
+        if len(prompt_ids) + max_tokens > max_model_len:
+            # The recipe asks for at least one output token even when the prompt fills the
+            # context (it only refuses prompts longer than the context); no worker can serve it.
+            raise ApiError(
+                400,
+                f"This model's maximum context length is {max_model_len} tokens, and the "
+                f"prompt alone is {len(prompt_ids)} tokens, which leaves no room for output. "
+                "Please reduce the length of the messages.",
+            )
         io = conv.inference_options
         if io.max_tokens is None and self.default_max_tokens is not None:
             max_tokens = min(max_tokens, self.default_max_tokens)

@@ -136,14 +136,17 @@ class PrefillRole(Role):
 
     def submit(self, msg: Submit) -> None:
         if self.draining:
-            self._reject(msg.rid, f"{self.worker_id} is shutting down")
+            self._reject(msg.rid, "the server is shutting down")
             return
         try:
             self.engine.add(
                 msg.rid, msg.prompt_ids.tolist(), msg.sampling, msg.seed, msg.cache_class
             )
         except ValueError as e:
-            self._reject(msg.rid, f"request rejected by {self.worker_id}: {e}")
+            # The client sees why, not which worker (the frontend's checks should have caught
+            # it; this log line says where it was not).
+            log.warning("rejected request %d: %s", msg.rid, e)
+            self._reject(msg.rid, f"the request was rejected: {e}")
             return
         self.targets[msg.rid] = _Target(msg.decode_worker, msg.decode_gen, msg.decode_addr)
 
@@ -228,7 +231,7 @@ class DecodeRole(Role):
         if msg.rid in self.aborted:
             return
         if self.draining:
-            self._reject(msg.rid, f"{self.worker_id} is shutting down")
+            self._reject(msg.rid, "the server is shutting down")
             return
         self.pending.append(msg)
 
