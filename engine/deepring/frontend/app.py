@@ -17,6 +17,9 @@ import asyncio
 import json
 import logging
 import time
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
 
 from deepring.config import CACHE_CLASSES, FrontendConfig
 from deepring.frontend.client import EngineClient
@@ -40,6 +43,10 @@ log = logging.getLogger("deepring.frontend")
 # Bodies above this are converted and encoded on a worker thread (the Rust calls release the
 # GIL), so one long prompt does not stall every stream.
 _OFFLOAD_BYTES = 32 << 10
+# Worker threads for that. Few: the heavy parts (JSON, rendering, encoding) release the GIL, but
+# each conversion between Rust and Python objects holds it, and every thread waiting for the GIL
+# delays the event loop's turn; encoding is itself parallel (the tokenizer's own threads).
+_PREPARE_THREADS = 2
 
 # The output cap of requests without max_tokens when the model's output is not a trained
 # model's (tiny, dummy weights, zero-cost mode): long enough to see, short enough to wait for.
@@ -59,6 +66,10 @@ class App:
         self.draining = False
         self.started_at = int(time.time())
         self.allowed_origins = normalize(config.allowed_origins)
+        self._pool = ThreadPoolExecutor(_PREPARE_THREADS, thread_name_prefix="prepare")
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
 
     def load_recipe(self) -> None:
         """Build the protocol objects once the tokenizer is known (from config or a worker)."""
@@ -158,7 +169,8 @@ class App:
         limit = int(max_model_len)
         if len(req.body) > _OFFLOAD_BYTES:
             loop = asyncio.get_running_loop()
-            prep = await loop.run_in_executor(None, recipe.prepare, api, req.body, limit)
+            args = (recipe, api, req.body, limit)
+            prep = await loop.run_in_executor(self._pool, _prepare_long, *args)
         else:
             prep = recipe.prepare(api, req.body, limit)
         if req.disconnected:
@@ -265,6 +277,15 @@ class App:
 
 
 __all__ = ["App", "error_body"]
+
+
+def _prepare_long(recipe: Recipe, api: Api, body: bytes, max_model_len: int) -> Prepared:
+    """Recipe.prepare on a worker thread, plus the int32 array of the prompt the ring sends:
+    for a long prompt, converting a list of a million ids takes tens of milliseconds, which
+    must not be the event loop's."""
+    prep = recipe.prepare(api, body, max_model_len)
+    prep.prompt_ids = np.asarray(prep.prompt_ids, dtype=np.int32)
+    return prep
 
 
 def _require_json(req: HttpRequest) -> None:

@@ -123,6 +123,10 @@ class HttpConnection(asyncio.Protocol):
         self._scanned = 0  # bytes of _buf already searched for the end of the head
         self._head: RequestHead | None = None  # parsed; its body is being read
         self._chunked: ChunkedBody | None = None
+        # A Content-Length body: its chunks as they arrive (joined once: no copying of a
+        # growing buffer), and how many bytes are still to come.
+        self._parts: list[bytes] = []
+        self._need = 0
         self._body = b""
         self._eof = False  # the client will send nothing more
         self._paused = False
@@ -150,9 +154,20 @@ class HttpConnection(asyncio.Protocol):
         mode = self._mode
         if mode == _LINGER:
             return
-        if mode == _BODY:
+        need = self._need
+        if need:  # the rest of a Content-Length body
             self._last_byte = self.loop.time()
-        self._buf += data
+            if len(data) < need:
+                self._parts.append(data)
+                self._need = need - len(data)
+                return
+            self._parts.append(data if len(data) == need else data[:need])
+            data = data[need:]
+            self._need = 0
+        elif mode == _BODY:
+            self._last_byte = self.loop.time()
+        if data:
+            self._buf += data
         if self.active is not None:
             if len(self._buf) > MAX_PIPELINED_BYTES:
                 self._pause()
@@ -228,11 +243,16 @@ class HttpConnection(asyncio.Protocol):
                 f"request body is too large ({head.content_length} bytes; "
                 f"the limit is {limit} bytes)",
             )
-        if head.chunked:
-            self._chunked = ChunkedBody(limit)
         waiting = (not buf) if head.chunked else len(buf) < head.content_length
         if head.expect_continue and waiting and self.transport is not None:
             self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+        if head.chunked:
+            self._chunked = ChunkedBody(limit)
+        elif head.content_length:
+            k = min(head.content_length, len(buf))
+            self._parts = [bytes(buf[:k])] if k else []
+            del buf[:k]
+            self._need = head.content_length - k
         return head
 
     def _take_body(self, head: RequestHead) -> bool:
@@ -242,12 +262,10 @@ class HttpConnection(asyncio.Protocol):
             self._body = bytes(self._chunked.data)
             self._chunked = None
         elif head.content_length:
-            n = head.content_length
-            if len(self._buf) < n:
+            if self._need:
                 return self._await_body()
-            with memoryview(self._buf) as view:
-                self._body = view[:n].tobytes()
-            del self._buf[:n]
+            parts, self._parts = self._parts, []
+            self._body = parts[0] if len(parts) == 1 else b"".join(parts)
         return True
 
     def _await_body(self) -> bool:
@@ -398,6 +416,7 @@ class HttpConnection(asyncio.Protocol):
             return
         self._buf = bytearray()
         self._head = self._chunked = None
+        self._parts, self._need = [], 0
         if t.can_write_eof():
             t.write_eof()
         self._resume()

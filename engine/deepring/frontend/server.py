@@ -94,6 +94,7 @@ async def serve(config: FrontendConfig, start_workers: StartWorkers | None = Non
             await workers.stop()
         http.close_all()
         client.close()
+        app.close()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(sig)
     if fatal:

@@ -14,11 +14,13 @@ the served model's template. Any other name gets the recipe's 400 listing the ac
 from __future__ import annotations
 
 import random
+import re
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 from deepring_recipe import (
     ChatCompletionRequest,
     ChatCompletionResponse,
@@ -28,6 +30,7 @@ from deepring_recipe import (
     ConversionOptions,
     MessagesRequest,
     MessagesResponse,
+    RenderedPrompt,
     ResponsesRequest,
     ResponsesResponse,
     StreamProcessor,
@@ -69,7 +72,7 @@ class Prepared:
     model: str  # the name the client asked for
     created: int
     stream: bool
-    prompt_ids: list[int]
+    prompt_ids: list[int] | np.ndarray  # the frontend makes long ones int32 arrays off the loop
     params: SamplingParams
     seed: int  # the request's seed, or a fresh random one
     processor: StreamProcessor
@@ -84,6 +87,18 @@ class _Converted:
     conv: ConversationRequest
     model: str
     responses_extras: tuple | None  # Responses: (namespace tool map, echo)
+
+
+_CHARS_IN_REPR = re.compile(r"RenderedPrompt\(prompt=<(\d+) characters>")
+
+
+def _prompt_chars(rendered: RenderedPrompt) -> int:
+    """The rendered prompt's length in characters, counted in Rust (the binding's repr says
+    it): `len(rendered.prompt)` would first build the whole prompt as a Python string while
+    holding the GIL, 10-30 ms for 8 MB, which stalls the event loop when many long prompts
+    arrive at once. (A length accessor on RenderedPrompt would say it without the repr.)"""
+    m = _CHARS_IN_REPR.match(repr(rendered))
+    return int(m.group(1)) if m else len(rendered.prompt)
 
 
 class Recipe:
@@ -138,7 +153,7 @@ class Recipe:
 
     def _encode(self, conv: ConversationRequest) -> list[int]:
         try:
-            return list(self.encoding.encode(conv.conversation))
+            return self.encoding.encode(conv.conversation)  # a new list already
         except (RuntimeError, ValueError) as e:
             raise ApiError(400, f"the prompt could not be encoded: {e}") from None
 
@@ -150,7 +165,7 @@ class Recipe:
         per_token = self.max_token_bytes
         if per_token is None:
             return
-        chars = len(self.encoding.render_conversation(conversation).prompt)
+        chars = _prompt_chars(self.encoding.render_conversation(conversation))
         least = -(-chars // per_token)
         if least >= max_model_len:
             raise ApiError(
