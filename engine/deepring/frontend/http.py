@@ -23,9 +23,9 @@ Limits, each answered and the connection closed (see docs/architecture.md):
 - connections: at most `max_connections`; each one beyond is answered 503 with Retry-After
   and closed. Answering (rather than leaving it in the listen backlog) tells a client at once
   that this server is full, so it can go elsewhere or retry, instead of timing out on a
-  connection that was never accepted. accept() itself failing (EMFILE) is the event loop's
-  business: asyncio backs off for a second, uvloop (libuv) sheds the connection; neither dies
-  or spins.
+  connection that was never accepted. accept() itself failing (EMFILE) neither stops nor spins
+  the server: uvloop (libuv) sheds the connection, and on asyncio's own loop, whose accepting
+  spins on EMFILE, an Acceptor (accept.py) pauses accepting for a moment instead.
 
 Disconnects: a client that half-closes (shutdown(SHUT_WR)) after a complete request still gets
 its response; only a reset, or a failed write after EOF, is a disconnect. EOF alone cannot tell
@@ -42,10 +42,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import resource
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 
+from deepring.frontend.accept import Acceptor, loop_sheds_emfile
+from deepring.frontend.http_limits import HttpLimits, default_max_connections, fd_budget
 from deepring.frontend.http_parse import (
     ChunkedBody,
     HttpError,
@@ -76,39 +76,6 @@ ErrorBody = Callable[[str, int, str], bytes]
 
 # What the read-side timer of a connection watches.
 _IDLE, _HEAD, _BODY, _BUSY, _LINGER = range(5)
-
-
-@dataclass(frozen=True)
-class HttpLimits:
-    max_body_bytes: int = 8 << 20
-    header_timeout: float = 10.0  # the whole head, from its first byte
-    body_timeout: float = 30.0  # the longest pause between two bytes of a body
-    keepalive_timeout: float = 75.0  # an idle keep-alive connection (0: never closed)
-    write_timeout: float = 60.0  # a client that reads nothing
-    max_connections: int = 1024
-
-    def __post_init__(self) -> None:
-        for name in ("header_timeout", "body_timeout", "write_timeout"):
-            if not getattr(self, name) > 0:
-                raise ValueError(f"{name} must be > 0")
-        if self.keepalive_timeout < 0:
-            raise ValueError("keepalive_timeout must be >= 0")
-        if self.max_connections < 1:
-            raise ValueError("max_connections must be >= 1")
-
-
-def default_max_connections() -> int:
-    """1024, or what the open-file limit leaves room for: 128 descriptors for everything else
-    (ring sockets, pipes, logs) and an eighth more for connections being turned away."""
-    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft == resource.RLIM_INFINITY:
-        return 1024
-    return max(16, min(1024, int((soft - 128) / 1.125)))
-
-
-def fd_budget(max_connections: int) -> int:
-    """File descriptors `max_connections` may need (see default_max_connections)."""
-    return int(max_connections * 1.125) + 128
 
 
 class HttpConnection(asyncio.Protocol):
@@ -485,6 +452,7 @@ class HttpServer:
         self.turned_away: set[HttpConnection] = set()  # over the cap, being answered 503
         self.loop: asyncio.AbstractEventLoop | None = None
         self._server: asyncio.AbstractServer | None = None
+        self._acceptor: Acceptor | None = None
 
     async def start(self, host: str, port: int) -> int:
         """Listen on host:port (0: any free port); returns the port."""
@@ -492,10 +460,15 @@ class HttpServer:
         self._server = await loop.create_server(
             lambda: HttpConnection(self), host, port, reuse_address=True, backlog=2048
         )
+        if not loop_sheds_emfile(loop):
+            fds = [s.fileno() for s in self._server.sockets]
+            self._acceptor = Acceptor(loop, fds, lambda: HttpConnection(self))
         return self._server.sockets[0].getsockname()[1]
 
     def stop_listening(self) -> None:
         """Refuse new connections and close idle keep-alive ones; active ones finish."""
+        if self._acceptor is not None:
+            self._acceptor.close()
         if self._server is not None:
             self._server.close()
         for conn in list(self.connections):
@@ -511,4 +484,4 @@ class HttpServer:
             await self._server.wait_closed()
 
 
-__all__ = ["HttpLimits", "HttpRequest", "HttpServer", "default_max_connections"]
+__all__ = ["HttpLimits", "HttpRequest", "HttpServer", "default_max_connections", "fd_budget"]
