@@ -212,6 +212,50 @@ def _add_frontend_args(p: argparse.ArgumentParser) -> None:
     )
     g.add_argument("--max-body-bytes", type=int, default=8 << 20)
     g.add_argument(
+        "--max-connections",
+        type=int,
+        default=None,
+        metavar="N",
+        help="open HTTP connections; each one beyond is answered 503 with Retry-After and "
+        "closed (default: 1024, or less where the open-file limit leaves less room)",
+    )
+    g.add_argument(
+        "--header-timeout",
+        type=float,
+        default=10.0,
+        metavar="S",
+        help="seconds a request head may take to arrive (from its first byte); then 408",
+    )
+    g.add_argument(
+        "--body-timeout",
+        type=float,
+        default=30.0,
+        metavar="S",
+        help="seconds a request body may pause between two bytes; then 408",
+    )
+    g.add_argument(
+        "--keepalive-timeout",
+        type=float,
+        default=75.0,
+        metavar="S",
+        help="seconds an idle keep-alive connection stays open (0: until the client closes it)",
+    )
+    g.add_argument(
+        "--write-timeout",
+        type=float,
+        default=60.0,
+        metavar="S",
+        help="seconds a client may leave the server's send buffer full before it is dropped",
+    )
+    g.add_argument(
+        "--allowed-origins",
+        default="",
+        metavar="ORIGINS",
+        help="comma-separated origins (scheme://host[:port]) whose browser requests are "
+        "served although they name another host than the request's Host; '*' allows any "
+        "(default: none, so such requests get 403)",
+    )
+    g.add_argument(
         "--drain-timeout",
         type=float,
         default=None,
@@ -234,6 +278,11 @@ def _served_names(args: argparse.Namespace) -> tuple[str, ...]:
     return ("tiny",) if args.model == "tiny" else (Path(args.model).name,)
 
 
+def _origins(text: str) -> tuple[str, ...]:
+    """--allowed-origins: a comma list; a trailing slash is dropped (an Origin has none)."""
+    return tuple(o.strip().rstrip("/") for o in text.split(",") if o.strip())
+
+
 def _frontend_config(
     args: argparse.Namespace, ring: str, n_prefill: int, n_decode: int, security: dict
 ):
@@ -252,6 +301,12 @@ def _frontend_config(
         max_reroutes=args.max_reroutes,
         reroute_deadline=args.reroute_deadline,
         max_body_bytes=args.max_body_bytes,
+        max_connections=args.max_connections,
+        header_timeout=args.header_timeout,
+        body_timeout=args.body_timeout,
+        keepalive_timeout=args.keepalive_timeout,
+        write_timeout=args.write_timeout,
+        allowed_origins=_origins(args.allowed_origins),
         drain_timeout=args.drain_timeout if args.drain_timeout is not None else env.drain_timeout(),
         heartbeat_interval=env.heartbeat_interval(),
         heartbeat_timeout=env.heartbeat_timeout(),

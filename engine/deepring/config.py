@@ -237,6 +237,15 @@ class FrontendConfig:
     api_keys_file: str | None = None  # one key per line, `#` comments; re-read on SIGHUP
     rate_limit_requests: RateLimit | None = None  # per API key
     rate_limit_tokens: RateLimit | None = None  # prompt + generated tokens per API key
+    header_timeout: float = 10.0  # a request head must arrive within this of its first byte
+    body_timeout: float = 30.0  # a request body may pause this long between bytes; then 408
+    write_timeout: float = 60.0  # a client that reads nothing for this long is dropped
+    # Open HTTP connections; more are answered 503. None: 1024, or less where the open-file
+    # limit (RLIMIT_NOFILE) leaves less room.
+    max_connections: int | None = None
+    # Origins (scheme://host[:port]) allowed to differ from the Host they are sent to; "*" is
+    # any. A request whose Origin names another host than its Host is refused (403) otherwise.
+    allowed_origins: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         check_address("ring_addr", self.ring_addr)
@@ -274,6 +283,18 @@ class FrontendConfig:
     @property
     def auth_enabled(self) -> bool:
         return bool(self.api_keys or self.api_keys_file)
+        for name in ("header_timeout", "body_timeout", "write_timeout"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name} must be > 0")
+        if self.keepalive_timeout < 0:
+            raise ValueError("keepalive_timeout must be >= 0")
+        if self.max_connections is not None and self.max_connections < 1:
+            raise ValueError("max_connections must be >= 1")
+        for origin in self.allowed_origins:
+            if origin != "*" and not origin.startswith(("http://", "https://")):
+                raise ValueError(
+                    f"an allowed origin is '*' or scheme://host[:port], got {origin!r}"
+                )
 
     @property
     def served_model_name(self) -> str:

@@ -81,10 +81,12 @@ class Supervisor:
         if self.stopping:
             return
         was_ready = p.pid in self.client.registry.seen_pids
-        why = f"(pid {p.pid}) exited unexpectedly with code {code}"
-        self.client.worker_lost(wid, why)
+        why = f"exited unexpectedly with code {code}"
+        self.client.worker_lost(wid, why, f"pid {p.pid}")
         if not was_ready:
-            self.on_fatal(f"worker {wid} {why} before it became ready; see its log above")
+            self.on_fatal(
+                f"worker {wid} (pid {p.pid}) {why} before it became ready; see its log above"
+            )
             return
         up_for = time.monotonic() - child.started
         backoff = _BACKOFF_START if up_for > _STABLE_AFTER else min(child.backoff * 2, _BACKOFF_MAX)

@@ -6,6 +6,9 @@ import anthropic
 import httpx2
 import pytest
 
+# Generation takes only JSON bodies (415 otherwise): malformed ones must still say so.
+JSON = {"content-type": "application/json"}
+
 MESSAGES = [{"role": "user", "content": "Describe a mountain."}]
 
 
@@ -88,7 +91,7 @@ def test_errors_have_the_anthropic_shape(anthropic_client, base_url):
     assert e.value.body["type"] == "error"
     assert e.value.body["error"]["type"] == "invalid_request_error"
     assert "claude-nope" in e.value.body["error"]["message"]
-    r = httpx2.post(f"{base_url}/v1/messages", content=b"[1, 2", timeout=30)
+    r = httpx2.post(f"{base_url}/v1/messages", content=b"[1, 2", headers=JSON, timeout=30)
     assert r.status_code == 400
     assert r.json()["type"] == "error"
     assert r.json()["error"]["type"] == "invalid_request_error"

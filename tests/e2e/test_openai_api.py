@@ -10,6 +10,9 @@ import httpx2
 import openai
 import pytest
 
+# Generation takes only JSON bodies (415 otherwise): malformed ones must still say so.
+JSON = {"content-type": "application/json"}
+
 NO_THINKING = {"thinking": {"type": "disabled"}}
 TOOLS = [
     {
@@ -238,7 +241,9 @@ def test_errors_have_the_openai_shape(openai_client, base_url):
     with pytest.raises(openai.BadRequestError):
         openai_client.responses.create(model="tiny", input="hi", temperature=5)
     # Malformed JSON, a body over the limit, an unknown route, a wrong method.
-    r = httpx2.post(f"{base_url}/v1/chat/completions", content=b"{not json", timeout=30)
+    r = httpx2.post(
+        f"{base_url}/v1/chat/completions", content=b"{not json", headers=JSON, timeout=30
+    )
     assert r.status_code == 400
     assert r.json()["error"]["type"] == "invalid_request_error"
     r = httpx2.post(f"{base_url}/v1/chat/completions", content=b" " * 300_000, timeout=30)

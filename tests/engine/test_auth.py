@@ -29,7 +29,8 @@ class Req:
 
     def __init__(self, path: str, method: str = "GET", headers: dict | None = None) -> None:
         self.path, self.method = path, method
-        self.headers = headers or {}
+        # A JSON body, as every API client sends (other content types get 415 on POST).
+        self.headers = {"content-type": "application/json", **(headers or {})}
         self.body = b"{}"
         self.started = False
         self.disconnected = False

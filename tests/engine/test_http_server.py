@@ -10,7 +10,7 @@ import socket
 import threading
 
 import pytest
-from deepring.frontend.http import HttpRequest, HttpServer
+from deepring.frontend.http import HttpLimits, HttpRequest, HttpServer
 from deepring.protocol.errors import error_body
 
 LIMIT = 4096
@@ -60,7 +60,8 @@ def _serve(keepalive: float):
 
     def run() -> None:
         asyncio.set_event_loop(loop)
-        srv = HttpServer(app.handle, error_body, max_body_bytes=LIMIT, keepalive_timeout=keepalive)
+        limits = HttpLimits(max_body_bytes=LIMIT, keepalive_timeout=keepalive)
+        srv = HttpServer(app.handle, error_body, limits)
         state["port"] = loop.run_until_complete(srv.start("127.0.0.1", 0))
         ready.set()
         loop.run_forever()

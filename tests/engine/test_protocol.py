@@ -1,13 +1,16 @@
 """The protocol layer (deepring.protocol) without a server: which model names are served and
 with which template, the output cap of requests without max_tokens, the default thinking mode,
-and a stock V4 tokenizer, which the V4 template serves and the V4.1 one cannot."""
+and a stock V4 tokenizer, which the V4 template serves and the V4.1 one cannot, and the two
+context-length checks (the bound before encoding, and room for at least one output token)."""
 
 from __future__ import annotations
+
+import json
 
 import pytest
 from deepring.protocol.errors import ApiError
 from deepring.protocol.formats import PromptFormat
-from deepring.protocol.prepare import CHAT, MESSAGES, RESPONSES, Recipe
+from deepring.protocol.prepare import CHAT, MESSAGES, RESPONSES, Recipe, _prompt_chars
 from deepring.protocol.tokenizer import v4_tokenizer_json_path
 
 BODY = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
@@ -80,3 +83,44 @@ def test_model_types_name_their_template():
     assert PromptFormat.of_model_type("deepseek_v41") is PromptFormat.V41
     with pytest.raises(ValueError, match="llama"):
         PromptFormat.of_model_type("llama")
+
+
+@pytest.mark.parametrize(
+    "content",
+    [
+        " " * 50_000,  # runs of spaces: the vocabulary's longest entries (128 bytes)
+        "." * 50_000,
+        "-" * 30_000 + "=" * 30_000,
+        "字" * 20_000,  # 3 bytes a character
+        "🙂" * 10_000,  # 4 bytes a character
+        "0123456789" * 5_000,
+        "<｜User｜>" * 3_000,  # spellings of special tokens inside user text
+        "the quick brown fox " * 3_000,
+    ],
+    ids=["spaces", "dots", "dashes", "cjk", "emoji", "digits", "specials", "words"],
+)
+def test_the_length_bound_never_refuses_a_prompt_that_fits(recipe, content):
+    """A rendered prompt of n characters has at least ceil(n / max_token_bytes) tokens, for
+    the texts that pack the most bytes into a token."""
+    body = {"model": "m", "messages": [{"role": "user", "content": content}]}
+    n_tokens = len(recipe.encode(CHAT, body))
+    conversation = recipe._convert(CHAT, body).conv.conversation
+    rendered = recipe.encoding.render_conversation(conversation)
+    chars = _prompt_chars(rendered)
+    assert chars == len(rendered.prompt)
+    assert n_tokens >= -(-chars // recipe.max_token_bytes)
+    # So a context of exactly the prompt's length refuses it for the exact reason, not the bound.
+    with pytest.raises(ApiError) as err:
+        recipe.prepare(CHAT, json.dumps(body), n_tokens)
+    assert "leaves no room for output" in err.value.message
+    assert recipe.prepare(CHAT, json.dumps(body), n_tokens + 1).params.max_tokens == 1
+
+
+def test_the_length_bound_refuses_what_cannot_fit_before_encoding(recipe, monkeypatch):
+    monkeypatch.setattr(recipe, "_encode", lambda conv: pytest.fail("encoded anyway"))
+    body = {"model": "m", "messages": [{"role": "user", "content": "x" * 200_000}]}
+    assert recipe.max_token_bytes == 128
+    with pytest.raises(ApiError) as err:
+        recipe.prepare(CHAT, json.dumps(body), 1024)  # 1024 x 128 < 200,000 characters
+    assert err.value.status == 400
+    assert "at least" in err.value.message

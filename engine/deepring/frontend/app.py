@@ -7,6 +7,10 @@ GET  /metrics                                           Prometheus text format
 
 With API keys configured every route but /health needs one (frontend.auth), and the
 generation routes count against the key's rate limits (frontend.ratelimit).
+GET routes also answer HEAD; a route answers another method with 405 and Allow, OPTIONS with
+its Allow (and CORS preflights of allowed origins, see origins.py). Generation takes only
+`Content-Type: application/json` (else 415): with the Origin rule, that keeps other sites'
+pages from making browsers run requests here.
 """
 
 from __future__ import annotations
@@ -15,12 +19,22 @@ import asyncio
 import json
 import logging
 import time
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
 
 from deepring.config import CACHE_CLASSES, FrontendConfig
 from deepring.frontend.auth import Authenticator
 from deepring.frontend.client import EngineClient
 from deepring.frontend.http import HttpRequest
 from deepring.frontend.metrics import Metrics
+from deepring.frontend.origins import (
+    cors_headers,
+    normalize,
+    origin_allowed,
+    preflight_headers,
+    same_host,
+)
 from deepring.frontend.ratelimit import RateLimiter
 from deepring.frontend.requests import Overloaded
 from deepring.frontend.stream import JsonSink, SseSink
@@ -33,12 +47,17 @@ log = logging.getLogger("deepring.frontend")
 # Bodies above this are converted and encoded on a worker thread (the Rust calls release the
 # GIL), so one long prompt does not stall every stream.
 _OFFLOAD_BYTES = 32 << 10
+# Worker threads for that. Few: the heavy parts (JSON, rendering, encoding) release the GIL, but
+# each conversion between Rust and Python objects holds it, and every thread waiting for the GIL
+# delays the event loop's turn; encoding is itself parallel (the tokenizer's own threads).
+_PREPARE_THREADS = 2
 
 # The output cap of requests without max_tokens when the model's output is not a trained
 # model's (tiny, dummy weights, zero-cost mode): long enough to see, short enough to wait for.
 CANNED_MAX_TOKENS = 256
 
 _GENERATE = {"/v1/chat/completions": CHAT, "/v1/responses": RESPONSES, "/v1/messages": MESSAGES}
+_READ = ("/v1/models", "/health", "/metrics")
 
 
 class App:
@@ -52,6 +71,11 @@ class App:
         self.started_at = int(time.time())
         self.auth = Authenticator(config, metrics)
         self.limits = RateLimiter(config.rate_limit_requests, config.rate_limit_tokens, metrics)
+        self.allowed_origins = normalize(config.allowed_origins)
+        self._pool = ThreadPoolExecutor(_PREPARE_THREADS, thread_name_prefix="prepare")
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
 
     def load_recipe(self) -> None:
         """Build the protocol objects once the tokenizer is known (from config or a worker)."""
@@ -86,23 +110,54 @@ class App:
     async def handle(self, req: HttpRequest) -> None:
         path = req.path.rstrip("/") or "/"
         try:
-            key = self.auth.check(req, path)
+            origin = req.headers.get("origin")
+            if origin is not None:
+                self._check_origin(req, origin)
             api = _GENERATE.get(path)
-            if api is not None:
-                if req.method != "POST":
-                    raise ApiError(405, f"{path} takes POST")
+            allow = "POST" if api is not None else "GET, HEAD" if path in _READ else None
+            if req.method == "OPTIONS" and (allow is not None or path == "*"):
+                # A CORS preflight carries no credentials: answered without a key.
+                self._options(req, origin, allow)
+                return
+            key = self.auth.check(req, path)
+            if allow is None and path != "*":
+                raise ApiError(404, f"no route for {req.method} {req.path}")
+            if allow is None or req.method not in allow.split(", "):
+                raise ApiError(405, f"{path} takes {allow}", headers=[("allow", allow or "")])
+            elif api is not None:
+                _require_json(req)
                 await self._generate(api, req, key)
             elif path == "/v1/models":
                 self._models(req)
             elif path == "/health":
                 self._health(req)
-            elif path == "/metrics":
-                self._metrics(req)
             else:
-                raise ApiError(404, f"no route for {req.method} {req.path}")
+                self._metrics(req)
         except ApiError as e:
             if not req.started:
                 req.respond(e.status, e.body(path), headers=e.headers)
+
+    def _check_origin(self, req: HttpRequest, origin: str) -> None:
+        """A page's request (it carries Origin): served when the page is of this host, or of
+        an allowed origin (which then gets the CORS fields to read the answer)."""
+        if same_host(origin, req.headers.get("host")):
+            return
+        if not origin_allowed(origin, self.allowed_origins):
+            raise ApiError(
+                403,
+                f"cross-origin request from {origin!r} refused (start the server with "
+                "--allowed-origins to allow it)",
+            )
+        req.extra_headers = cors_headers(origin)
+
+    def _options(self, req: HttpRequest, origin: str | None, allow: str | None) -> None:
+        allow = allow or "GET, HEAD, POST"
+        if origin is not None and "access-control-request-method" in req.headers:
+            asked = req.headers.get("access-control-request-headers", "")
+            req.extra_headers = None  # the preflight's own fields say it all
+            req.respond(204, b"", headers=[("allow", allow), *preflight_headers(origin, asked)])
+        else:
+            req.respond(204, b"", headers=[("allow", f"{allow}, OPTIONS")])
 
     # ---- generation ----------------------------------------------------------------------------
 
@@ -125,7 +180,8 @@ class App:
         limit = int(max_model_len)
         if len(req.body) > _OFFLOAD_BYTES:
             loop = asyncio.get_running_loop()
-            prep = await loop.run_in_executor(None, recipe.prepare, api, req.body, limit)
+            args = (recipe, api, req.body, limit)
+            prep = await loop.run_in_executor(self._pool, _prepare_long, *args)
         else:
             prep = recipe.prepare(api, req.body, limit)
         if req.disconnected:
@@ -242,6 +298,28 @@ class App:
 
 
 __all__ = ["App", "error_body"]
+
+
+def _prepare_long(recipe: Recipe, api: Api, body: bytes, max_model_len: int) -> Prepared:
+    """Recipe.prepare on a worker thread, plus the int32 array of the prompt the ring sends:
+    for a long prompt, converting a list of a million ids takes tens of milliseconds, which
+    must not be the event loop's."""
+    prep = recipe.prepare(api, body, max_model_len)
+    prep.prompt_ids = np.asarray(prep.prompt_ids, dtype=np.int32)
+    return prep
+
+
+def _require_json(req: HttpRequest) -> None:
+    """Generation takes JSON bodies only: a page of another site can send text/plain or form
+    bodies without a CORS preflight, but not application/json."""
+    given = req.headers.get("content-type", "")
+    if given.partition(";")[0].strip().lower() != "application/json":
+        what = f"got {given!r}" if given else "none was sent"
+        raise ApiError(
+            415,
+            f"Content-Type must be application/json ({what})",
+            headers=[("accept", "application/json")],
+        )
 
 
 def _cache_class(req: HttpRequest, prep: Prepared) -> str:

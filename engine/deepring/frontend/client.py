@@ -260,13 +260,15 @@ class EngineClient:
 
     # ---- workers -------------------------------------------------------------------------------
 
-    def worker_lost(self, wid: str, why: str) -> None:
-        """A worker is gone (exited, silent, or replaced): reroute what it held."""
+    def worker_lost(self, wid: str, why: str, detail: str = "") -> None:
+        """A worker is gone (exited, silent, or replaced): reroute what it held. Clients whose
+        request fails in the end learn the role and why, not the worker's name or `detail` (a
+        pid): those go to the log."""
         w = self.registry.remove(wid)
         if w is None:
             return
-        log.warning("worker %s lost: %s", wid, why)
-        self._reroute_all(w, f"{w.role} worker {wid} {why}")
+        log.warning("worker %s lost: %s%s", wid, why, f" ({detail})" if detail else "")
+        self._reroute_all(w, f"the {w.role} worker serving the request {why}")
         if self._ready_event is not None and not self.ready:
             self._ready_event.clear()
 
@@ -328,7 +330,10 @@ class EngineClient:
             return
         if old is not None:
             # The same incarnation announcing again: it lost contact and dropped its requests.
-            self._reroute_all(old, f"{old.role} worker {wid} lost contact with the frontend")
+            log.warning("worker %s lost contact; rerouting its requests", wid)
+            self._reroute_all(
+                old, f"the {old.role} worker serving the request lost contact with the frontend"
+            )
             old.last_seen = time.monotonic()
             return
         try:

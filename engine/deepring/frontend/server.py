@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import resource
 import signal
 import sys
 import time
@@ -22,7 +23,7 @@ import zmq
 from deepring.config import FrontendConfig
 from deepring.frontend.app import App
 from deepring.frontend.client import EngineClient
-from deepring.frontend.http import HttpServer
+from deepring.frontend.http import HttpLimits, HttpServer, default_max_connections, fd_budget
 from deepring.frontend.metrics import Metrics
 from deepring.protocol.errors import error_body
 
@@ -51,7 +52,7 @@ async def serve(config: FrontendConfig, start_workers: StartWorkers | None = Non
         client.close()
         return 1
     app = App(config, client, metrics)
-    http = HttpServer(app.handle, error_body, config.max_body_bytes, config.keepalive_timeout)
+    http = HttpServer(app.handle, error_body, http_limits(config))
     stop = asyncio.Event()
     fatal: list[str] = []
 
@@ -94,6 +95,7 @@ async def serve(config: FrontendConfig, start_workers: StartWorkers | None = Non
             await workers.stop()
         http.close_all()
         client.close()
+        app.close()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(sig)
         app.auth.uninstall(loop)
@@ -102,6 +104,32 @@ async def serve(config: FrontendConfig, start_workers: StartWorkers | None = Non
         return 1
     print("deepring: stopped", flush=True)
     return 0
+
+
+def http_limits(config: FrontendConfig) -> HttpLimits:
+    """The HTTP server's limits; warns when --max-connections exceeds what the open-file limit
+    allows (accept() then fails with EMFILE, and the event loop backs off)."""
+    cap = config.max_connections
+    if cap is None:
+        cap = default_max_connections()
+    else:
+        soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+        if soft != resource.RLIM_INFINITY and fd_budget(cap) > soft:
+            log.warning(
+                "--max-connections %d may need %d file descriptors, over the open-file limit "
+                "(%d; see ulimit -n)",
+                cap,
+                fd_budget(cap),
+                soft,
+            )
+    return HttpLimits(
+        max_body_bytes=config.max_body_bytes,
+        header_timeout=config.header_timeout,
+        body_timeout=config.body_timeout,
+        keepalive_timeout=config.keepalive_timeout,
+        write_timeout=config.write_timeout,
+        max_connections=cap,
+    )
 
 
 async def _drain(app: App, client: EngineClient, http: HttpServer, timeout: float) -> None:

@@ -14,24 +14,34 @@ import json
 _OPENAI_TYPES = {
     400: ("invalid_request_error", None),
     401: ("invalid_request_error", "invalid_api_key"),
+    403: ("invalid_request_error", "forbidden"),
     404: ("invalid_request_error", "not_found"),
     405: ("invalid_request_error", "method_not_allowed"),
+    408: ("invalid_request_error", "request_timeout"),
     413: ("invalid_request_error", "request_too_large"),
+    414: ("invalid_request_error", "uri_too_long"),
+    415: ("invalid_request_error", "unsupported_media_type"),
     429: ("rate_limit_error", "rate_limit_exceeded"),
     431: ("invalid_request_error", "request_headers_too_large"),
     500: ("server_error", None),
     503: ("server_error", "service_unavailable"),
+    505: ("invalid_request_error", "http_version_not_supported"),
 }
 _ANTHROPIC_TYPES = {
     400: "invalid_request_error",
     401: "authentication_error",
+    403: "permission_error",
     404: "not_found_error",
     405: "invalid_request_error",
+    408: "invalid_request_error",
     413: "request_too_large",
+    414: "invalid_request_error",
+    415: "invalid_request_error",
     429: "rate_limit_error",
     431: "invalid_request_error",
     500: "api_error",
     503: "overloaded_error",
+    505: "invalid_request_error",
 }
 
 

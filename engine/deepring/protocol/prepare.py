@@ -14,19 +14,23 @@ the served model's template. Any other name gets the recipe's 400 listing the ac
 from __future__ import annotations
 
 import random
+import re
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 from deepring_recipe import (
     ChatCompletionRequest,
     ChatCompletionResponse,
+    Conversation,
     ConversationRequest,
     ConversionError,
     ConversionOptions,
     MessagesRequest,
     MessagesResponse,
+    RenderedPrompt,
     ResponsesRequest,
     ResponsesResponse,
     StreamProcessor,
@@ -35,10 +39,15 @@ from deepring_recipe import (
 
 from deepring.protocol.errors import ApiError
 from deepring.protocol.formats import PromptFormat
+from deepring.protocol.tokenizer import max_token_bytes
 from deepring.sampling.params import SamplingParams
 
 ProtocolRequest = ChatCompletionRequest | ResponsesRequest | MessagesRequest
 ProtocolResponse = type[ChatCompletionResponse] | type[ResponsesResponse] | type[MessagesResponse]
+
+# Bodies above this have their prompt's length bounded before it is encoded (smaller ones encode
+# in well under a millisecond, so the exact count comes as cheaply).
+BOUND_CHECK_BYTES = 32 << 10
 
 
 @dataclass(frozen=True)
@@ -63,7 +72,7 @@ class Prepared:
     model: str  # the name the client asked for
     created: int
     stream: bool
-    prompt_ids: list[int]
+    prompt_ids: list[int] | np.ndarray  # the frontend makes long ones int32 arrays off the loop
     params: SamplingParams
     seed: int  # the request's seed, or a fresh random one
     processor: StreamProcessor
@@ -78,6 +87,18 @@ class _Converted:
     conv: ConversationRequest
     model: str
     responses_extras: tuple | None  # Responses: (namespace tool map, echo)
+
+
+_CHARS_IN_REPR = re.compile(r"RenderedPrompt\(prompt=<(\d+) characters>")
+
+
+def _prompt_chars(rendered: RenderedPrompt) -> int:
+    """The rendered prompt's length in characters, counted in Rust (the binding's repr says
+    it): `len(rendered.prompt)` would first build the whole prompt as a Python string while
+    holding the GIL, 10-30 ms for 8 MB, which stalls the event loop when many long prompts
+    arrive at once. (A length accessor on RenderedPrompt would say it without the repr.)"""
+    m = _CHARS_IN_REPR.match(repr(rendered))
+    return int(m.group(1)) if m else len(rendered.prompt)
 
 
 class Recipe:
@@ -110,6 +131,10 @@ class Recipe:
             .with_default_thinking_mode(default_thinking)
         )
         self.encoding = prompt_format.encoding(self.tokenizer)
+        # Known when the tokenizer comes as a file: what bounds a prompt's length before encoding.
+        self.max_token_bytes = (
+            None if isinstance(tokenizer, Tokenizer) else max_token_bytes(tokenizer)
+        )
 
     def _convert(self, api: Api, body: bytes | str | dict) -> _Converted:
         try:
@@ -128,9 +153,27 @@ class Recipe:
 
     def _encode(self, conv: ConversationRequest) -> list[int]:
         try:
-            return list(self.encoding.encode(conv.conversation))
+            return self.encoding.encode(conv.conversation)  # a new list already
         except (RuntimeError, ValueError) as e:
             raise ApiError(400, f"the prompt could not be encoded: {e}") from None
+
+    def _check_length_bound(self, conversation: Conversation, max_model_len: int) -> None:
+        """Refuse, without encoding it, a prompt that cannot fit: a token stands for at most
+        max_token_bytes bytes of text, and a character is at least one byte, so the rendered
+        prompt has at least ceil(characters / max_token_bytes) tokens (128 bytes for the V4
+        tokenizer: a 1024-token context refuses prompts of more than 131,072 characters here)."""
+        per_token = self.max_token_bytes
+        if per_token is None:
+            return
+        chars = _prompt_chars(self.encoding.render_conversation(conversation))
+        least = -(-chars // per_token)
+        if least >= max_model_len:
+            raise ApiError(
+                400,
+                f"This model's maximum context length is {max_model_len} tokens, and the "
+                f"prompt ({chars} characters) is at least {least} tokens. Please reduce the "
+                "length of the messages.",
+            )
 
     def encode(self, api: Api, body: bytes | str | dict) -> list[int]:
         """The prompt token ids of a request body. ApiError when it cannot be served."""
@@ -140,12 +183,23 @@ class Recipe:
         """Parse, convert, encode; resolve limits and sampling; build the stream processor.
         ApiError (with the protocol's status and body) when the request cannot be served."""
         c = self._convert(api, body)
+        if isinstance(body, (bytes, str)) and len(body) > BOUND_CHECK_BYTES:
+            self._check_length_bound(c.conv.conversation, max_model_len)
         prompt_ids = self._encode(c.conv)
         conv = c.conv
         try:
             max_tokens = conv.resolve_max_tokens(len(prompt_ids), max_model_len)
         except ConversionError as e:
             raise ApiError(e.status_code, str(e), openai_body=e.body) from None
+        if len(prompt_ids) + max_tokens > max_model_len:
+            # The recipe asks for at least one output token even when the prompt fills the
+            # context (it only refuses prompts longer than the context); no worker can serve it.
+            raise ApiError(
+                400,
+                f"This model's maximum context length is {max_model_len} tokens, and the "
+                f"prompt alone is {len(prompt_ids)} tokens, which leaves no room for output. "
+                "Please reduce the length of the messages.",
+            )
         io = conv.inference_options
         if io.max_tokens is None and self.default_max_tokens is not None:
             max_tokens = min(max_tokens, self.default_max_tokens)

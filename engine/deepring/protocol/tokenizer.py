@@ -52,6 +52,30 @@ def write_v41_tokenizer(out: Path) -> Path:
     return out
 
 
+def max_token_bytes(path: str | Path) -> int:
+    """The most bytes of text one token of a tokenizer.json stands for: its longest vocabulary
+    entry or added token. Every token of an encoded text covers at most this many of the text's
+    UTF-8 bytes, so a text of n characters (n <= its bytes) encodes to at least
+    ceil(n / max_token_bytes) tokens. (The reverse bound, at most one token per byte, holds for a
+    byte-level BPE but says nothing about a text being too long.) 128 for the V4 tokenizer (runs
+    of spaces and of dots); its added tokens are at most 48 bytes."""
+    p = Path(path)
+    if p.is_dir():
+        p = p / "tokenizer.json"
+    data = json.loads(p.read_text(encoding="utf-8"))
+    model = data.get("model") or {}
+    vocab = model.get("vocab") or {}
+    if isinstance(vocab, list):  # a Unigram model: [piece, score] pairs
+        vocab = {piece: 0 for piece, *_ in vocab}
+    # Byte-level vocabularies spell each byte as one character; any other spelling (such as
+    # SentencePiece's "▁" or "<0x41>") has at least as many UTF-8 bytes as the text it stands
+    # for, so counting those bytes over-estimates, which keeps the bound safe.
+    byte_level = "ByteLevel" in json.dumps(data.get("decoder"))
+    longest = max((len(k) if byte_level else len(k.encode()) for k in vocab), default=1)
+    added = (len(t["content"].encode()) for t in data.get("added_tokens") or ())
+    return max(longest, *added, 1)
+
+
 def load_tokenizer(path: str | Path) -> deepring_recipe.Tokenizer:
     """A tokenizer from a tokenizer.json file or a model directory holding one."""
     p = Path(path)

@@ -136,7 +136,7 @@ class PrefillRole(Role):
 
     def submit(self, msg: Submit) -> None:
         if self.draining:
-            self._reject(msg.rid, f"{self.worker_id} is shutting down")
+            self._reject(msg.rid, "the server is shutting down")
             return
         ids = msg.prompt_ids.tolist()
         if not 0 <= msg.num_output < len(ids):
@@ -146,7 +146,10 @@ class PrefillRole(Role):
         try:
             self.engine.add(msg.rid, ids[:cut], msg.sampling, msg.seed, msg.cache_class, ids[cut:])
         except ValueError as e:
-            self._reject(msg.rid, f"request rejected by {self.worker_id}: {e}")
+            # The client sees why, not which worker (the frontend's checks should have caught
+            # it; this log line says where it was not).
+            log.warning("rejected request %d: %s", msg.rid, e)
+            self._reject(msg.rid, f"the request was rejected: {e}")
             return
         self.targets[msg.rid] = _Target(msg.decode_worker, msg.decode_gen, msg.decode_addr)
 
@@ -233,7 +236,7 @@ class DecodeRole(Role):
         if msg.rid in self.aborted:
             return
         if self.draining:
-            self._reject(msg.rid, f"{self.worker_id} is shutting down")
+            self._reject(msg.rid, "the server is shutting down")
             return
         self.pending.append(msg)
 
