@@ -98,6 +98,14 @@ def heartbeat_timeout() -> float:
     return _positive_float("DEEPRING_HEARTBEAT_TIMEOUT", 10.0)
 
 
+def crash_loop() -> tuple[int, float]:
+    """DEEPRING_CRASH_LOOP_EXITS / DEEPRING_CRASH_LOOP_WINDOW: a worker that exits this many
+    times (default 5) within this many seconds (default 300) is reported as crash-looping."""
+    return int(_positive_float("DEEPRING_CRASH_LOOP_EXITS", 5)), _positive_float(
+        "DEEPRING_CRASH_LOOP_WINDOW", 300.0
+    )
+
+
 def drain_timeout() -> float:
     """DEEPRING_DRAIN_TIMEOUT: seconds SIGTERM waits for in-flight requests (default 30)."""
     return _positive_float("DEEPRING_DRAIN_TIMEOUT", 30.0)

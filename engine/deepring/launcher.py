@@ -15,9 +15,11 @@ import asyncio
 import logging
 import multiprocessing
 import time
+from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from deepring import env
 from deepring.config import ServeConfig, WorkerConfig
 from deepring.frontend import server
 from deepring.frontend.client import EngineClient
@@ -38,6 +40,10 @@ class _Child:
     process: multiprocessing.process.BaseProcess
     started: float
     backoff: float = _BACKOFF_START
+    exits: deque[float] = field(default_factory=deque)  # recent unexpected exits (monotonic)
+    restarts: int = 0
+    last_exit: str = ""
+    down_since: float | None = None  # exited, not running again yet
 
 
 class Supervisor:
@@ -54,6 +60,7 @@ class Supervisor:
         self.children: dict[str, _Child] = {}
         self.stopping = False
         self.restarts = 0
+        self.crash_loop_exits, self.crash_loop_window = env.crash_loop()
         self._loop = asyncio.get_running_loop()
 
     def start(self) -> None:
@@ -63,10 +70,12 @@ class Supervisor:
     def pids(self) -> dict[str, int | None]:
         return {wid: c.process.pid for wid, c in self.children.items()}
 
-    def _spawn(self, cfg: WorkerConfig, backoff: float) -> None:
+    def _spawn(self, cfg: WorkerConfig, backoff: float, prev: _Child | None = None) -> None:
         p = self.ctx.Process(target=run_worker, args=(cfg,), name=cfg.worker_id, daemon=True)
         p.start()
         child = _Child(cfg, p, time.monotonic(), backoff)
+        if prev is not None:  # a restart keeps the worker's history
+            child.exits, child.restarts, child.last_exit = prev.exits, prev.restarts, prev.last_exit
         self.children[cfg.worker_id] = child
         self._loop.add_reader(p.sentinel, self._exited, cfg.worker_id, p)
         log.info("started %s (pid %s)", cfg.worker_id, p.pid)
@@ -88,15 +97,49 @@ class Supervisor:
                 f"worker {wid} (pid {p.pid}) {why} before it became ready; see its log above"
             )
             return
-        up_for = time.monotonic() - child.started
+        now = time.monotonic()
+        up_for = now - child.started
         backoff = _BACKOFF_START if up_for > _STABLE_AFTER else min(child.backoff * 2, _BACKOFF_MAX)
-        log.warning("%s %s; restarting in %.1fs", wid, why, child.backoff)
+        child.exits.append(now)
+        while child.exits and now - child.exits[0] > self.crash_loop_window:
+            child.exits.popleft()
+        child.last_exit, child.down_since = why, now
+        if self._crash_looping(child):
+            # Still restarted (the cause may pass), but said loudly, in the log, /health and
+            # /metrics, instead of a quiet restart every few seconds.
+            backoff = _BACKOFF_MAX
+            log.error(
+                "%s is crash-looping: %d exits in %.0fs (last: %s); restarting in %.1fs",
+                wid, len(child.exits), self.crash_loop_window, why, child.backoff,
+            )  # fmt: skip
+        else:
+            log.warning("%s %s; restarting in %.1fs", wid, why, child.backoff)
         self.restarts += 1
-        self._loop.call_later(child.backoff, self._restart, child.config, backoff)
+        child.restarts += 1
+        self._loop.call_later(child.backoff, self._restart, child, backoff)
 
-    def _restart(self, cfg: WorkerConfig, backoff: float) -> None:
+    def _crash_looping(self, child: _Child) -> bool:
+        return len(child.exits) >= self.crash_loop_exits
+
+    def _restart(self, child: _Child, backoff: float) -> None:
         if not self.stopping:
-            self._spawn(cfg, backoff)
+            self._spawn(child.config, backoff, child)
+
+    def report(self) -> dict:
+        """What /health and /metrics say about the local workers: restarts, the ones down and
+        waiting to restart, and the crash-looping ones."""
+        now = time.monotonic()
+        out = {"restarts": self.restarts, "workers": {}}
+        for wid, c in sorted(self.children.items()):
+            alive = c.process.is_alive()
+            out["workers"][wid] = {
+                "restarts": c.restarts,
+                "running": alive,
+                "down_for_s": round(now - c.down_since, 1) if c.down_since and not alive else 0.0,
+                "crash_loop": self._crash_looping(c),
+                "last_exit": c.last_exit,
+            }
+        return out
 
     async def stop(self, timeout: float = 10.0) -> None:
         """Tell every worker to stop, wait up to `timeout`, then terminate the rest."""

@@ -87,6 +87,16 @@ def _pids(server: Server, role: str) -> list[int]:
     return [w["pid"] for w in server.health()["workers"] if w["role"] == role]
 
 
+def _wait_status(server: Server, status: str, timeout: float = 30.0) -> tuple[int, dict]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        r = httpx2.get(f"{server.url}/health", timeout=10)
+        if r.json()["status"] == status:
+            return r.status_code, r.json()
+        time.sleep(0.02)
+    raise AssertionError(f"/health never said {status!r}: {server.health()}")
+
+
 def _busiest(server: Server, role: str) -> int:
     """The pid of the worker of `role` holding the most requests now."""
     ws = [w for w in server.health()["workers"] if w["role"] == role]
@@ -109,13 +119,21 @@ def test_a_killed_worker_is_invisible_to_its_streams(pool, role):
     want = _run_all(pool.url, prompts, 32)
     rerouted = pool.metric("deepring_requests_rerouted_total")
 
+    seen = []
+
     def kill() -> None:
         os.kill(_busiest(pool, role), signal.SIGKILL)
+        seen.append(_wait_status(pool, "degraded"))
 
     got = _run_all(pool.url, prompts, 32, fault=kill, early=role == "prefill")
     assert got == want
     assert pool.metric("deepring_requests_rerouted_total") > rerouted
+    # While the worker restarted the server said it was degraded, and kept serving (200).
+    code, health = seen[0]
+    assert code == 200
+    assert health["capacity"][role] == {"expected": 2, "ready": 1}
     _wait_all_up(pool)
+    assert pool.metric("deepring_workers_ready", f'{{role="{role}"}}') == 2
 
 
 def test_a_frozen_worker_is_declared_dead_and_its_streams_go_on(pool):
@@ -188,5 +206,28 @@ def test_past_its_reroute_budget_a_request_fails_clearly(tmp_path_factory, fault
             timeout=120,
         )
         assert r.status_code == 200
+    finally:
+        assert s.stop() == 0, s.log()[-4000:]
+
+
+def test_a_crash_loop_is_reported(tmp_path_factory, fault_env):
+    """A worker that keeps dying is still restarted, and /health and /metrics say it loops;
+    with its role empty meanwhile, /health is 503 (unavailable)."""
+    env = {**fault_env, "DEEPRING_CRASH_LOOP_EXITS": "2"}
+    s = Server(["--max-model-len", "1024"], tmp_path_factory.mktemp("serve") / "serve.log", env)
+    try:
+        for _ in range(2):
+            s.wait_healthy()
+            os.kill(s.worker_pid("decode"), signal.SIGKILL)
+            code, _ = _wait_status(s, "unavailable")
+            assert code == 503
+        h = s.wait_healthy()
+        loop = h["local_workers"]["workers"]["decode-0"]
+        assert loop["crash_loop"] is True
+        assert loop["restarts"] == 2
+        assert "exited unexpectedly" in loop["last_exit"]
+        assert s.metric("deepring_worker_crash_loop", '{worker="decode-0"}') == 1
+        assert s.metric("deepring_worker_restarts_total", '{worker="decode-0"}') == 2
+        assert "crash-looping" in s.log()
     finally:
         assert s.stop() == 0, s.log()[-4000:]

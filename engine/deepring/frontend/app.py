@@ -68,6 +68,7 @@ class App:
         self.recipe: Recipe | None = None
         self.recipe_error: str | None = None
         self.draining = False
+        self.local_workers = None  # the supervisor of the host's worker processes, if any
         self.started_at = int(time.time())
         self.auth = Authenticator(config, metrics)
         self.limits = RateLimiter(config.rate_limit_requests, config.rate_limit_tokens, metrics)
@@ -248,11 +249,28 @@ class App:
         req.respond(200, json.dumps(body).encode())
 
     def status(self) -> str:
+        """ok: every expected worker is ready. degraded: some are missing (dead, restarting)
+        but every role has a ready worker, so requests are served. starting / unavailable:
+        a role has none (before the first one registers / after)."""
         if self.draining:
             return "draining"
-        if not self.client.ready:
-            return "starting" if not self.client.workers else "degraded"
-        return "ok"
+        if self.client.ready:
+            return "ok"
+        reg = self.client.registry
+        if all(reg.ready_workers(role) for role, n in reg.expect.items() if n):
+            return "degraded"
+        return "starting" if not self.client.workers and not self._restarts() else "unavailable"
+
+    def _restarts(self) -> int:
+        return self.local_workers.report()["restarts"] if self.local_workers is not None else 0
+
+    def _capacity(self) -> dict:
+        """Per role: workers expected and ready (degraded mode shows here)."""
+        reg = self.client.registry
+        return {
+            role: {"expected": n, "ready": len(reg.ready_workers(role))}
+            for role, n in reg.expect.items()
+        }
 
     def _workers(self) -> list[dict]:
         out = []
@@ -283,17 +301,24 @@ class App:
             "status": status,
             "model": self.config.served_model_name,
             "requests_in_flight": len(self.client.requests),
+            "capacity": self._capacity(),
             "workers": self._workers(),
         }
-        req.respond(200 if status == "ok" else 503, json.dumps(body).encode())
+        if self.local_workers is not None:
+            body["local_workers"] = self.local_workers.report()
+        # Degraded still serves: a load balancer should keep sending requests here.
+        code = 200 if status in ("ok", "degraded") else 503
+        req.respond(code, json.dumps(body).encode())
 
     def _metrics(self, req: HttpRequest) -> None:
         frontend = {
             "requests_in_flight": len(self.client.requests),
             "requests_queued": self.client.queued,
             "draining": 1 if self.draining else 0,
+            "degraded": 1 if self.status() == "degraded" else 0,
         }
-        text = self.metrics.render(frontend, self._workers())
+        local = self.local_workers.report() if self.local_workers is not None else None
+        text = self.metrics.render(frontend, self._workers(), self._capacity(), local)
         req.respond(200, text.encode(), content_type="text/plain; version=0.0.4")
 
 

@@ -97,7 +97,15 @@ class Metrics:
         self.generated_tokens += n
         self.rate.add(n, now)
 
-    def render(self, frontend: dict[str, float], workers: Iterable[dict]) -> str:
+    def render(
+        self,
+        frontend: dict[str, float],
+        workers: Iterable[dict],
+        capacity: dict | None = None,
+        local: dict | None = None,
+    ) -> str:
+        """capacity: per role, workers expected and ready; local: the supervisor's report of
+        the host's worker processes (restarts, crash loops)."""
         lines: list[str] = []
 
         def metric(name: str, kind: str, help_text: str, samples: list[tuple[str, float]]) -> None:
@@ -202,6 +210,29 @@ class Metrics:
                 for reason, n in sorted(w.get("ring_dropped", {}).items())
             ],
         )
+        if capacity is not None:
+            for key, help_text in (("expected", "Workers of the role the server runs with."),
+                                   ("ready", "Workers of the role ready now.")):  # fmt: skip
+                metric(
+                    f"deepring_workers_{key}",
+                    "gauge",
+                    help_text,
+                    [(f'{{role="{r}"}}', c[key]) for r, c in sorted(capacity.items())],
+                )
+        if local is not None:
+            ws = sorted(local["workers"].items())
+            metric(
+                "deepring_worker_restarts_total",
+                "counter",
+                "Restarts of the worker process after an unexpected exit.",
+                [(f'{{worker="{w}"}}', r["restarts"]) for w, r in ws],
+            )
+            metric(
+                "deepring_worker_crash_loop",
+                "gauge",
+                "1 while the worker process keeps exiting (DEEPRING_CRASH_LOOP_*).",
+                [(f'{{worker="{w}"}}', 1 if r["crash_loop"] else 0) for w, r in ws],
+            )
         return "\n".join(lines) + "\n"
 
     @staticmethod

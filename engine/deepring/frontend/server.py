@@ -35,6 +35,7 @@ class LocalWorkers(Protocol):
 
     def start(self) -> None: ...
     async def stop(self, timeout: float = 10.0) -> None: ...
+    def report(self) -> dict: ...
 
 
 # (the ring client, a callback that stops the server with a message) -> the local workers.
@@ -78,6 +79,7 @@ async def serve(config: FrontendConfig, start_workers: StartWorkers | None = Non
         print(f"deepring: listening on {url} (waiting for workers)", flush=True)
         if start_workers is not None:
             workers = start_workers(client, on_fatal)
+            app.local_workers = workers
             workers.start()
         ready = asyncio.ensure_future(client.wait_ready())
         stopped = asyncio.ensure_future(stop.wait())
