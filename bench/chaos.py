@@ -145,7 +145,8 @@ def main() -> None:
         wild = run(server.url, prompts, args, chaos=True)
     finally:
         server.stop()
-    same = sum(a["text"] == b["text"] for a, b in zip(calm["results"], wild["results"], strict=True))
+    pairs = zip(calm["results"], wild["results"], strict=True)
+    same = sum(a["text"] == b["text"] for a, b in pairs)
     for name, r in (("fault-free", calm), ("chaos", wild)):
         print(
             f"{name:10s}: {len(prompts)} requests, {r['failures']} failed, "
