@@ -388,7 +388,9 @@ def _serve(args: argparse.Namespace) -> int:
                         role="decode", index=i, engine=decode_spec, handoff_bind=h, **common
                     )
                 )
-            cfg = ServeConfig(frontend=fe, workers=tuple(workers))
+            cfg = ServeConfig(
+                frontend=fe, workers=tuple(workers), reserve_workers=args.reserve_workers
+            )
         except ValueError as e:
             print(f"deepring serve: {e}", file=sys.stderr)
             return 2
@@ -453,6 +455,13 @@ def add_serving_commands(sub: argparse._SubParsersAction) -> None:
     g = p.add_argument_group("processes")
     g.add_argument("--num-prefill", type=int, default=1, help="prefill worker processes")
     g.add_argument("--num-decode", type=int, default=1, help="decode worker processes")
+    g.add_argument(
+        "--reserve-workers",
+        type=int,
+        default=0,
+        metavar="K",
+        help="warm spares (model loaded) that take over a failed worker's role at once",
+    )
     g.add_argument(
         "--prefill-max-num-seqs",
         type=int,

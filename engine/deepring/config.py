@@ -307,8 +307,11 @@ class ServeConfig:
 
     frontend: FrontendConfig
     workers: tuple[WorkerConfig, ...]
+    reserve_workers: int = 0  # warm spares that take over a failed worker's role (spares.py)
 
     def __post_init__(self) -> None:
+        if self.reserve_workers < 0:
+            raise ValueError("reserve_workers must be >= 0")
         ids = [w.worker_id for w in self.workers]
         if len(set(ids)) != len(ids):
             raise ValueError(f"duplicate worker ids: {ids}")

@@ -24,6 +24,7 @@ from deepring.config import ServeConfig, WorkerConfig
 from deepring.frontend import server
 from deepring.frontend.client import EngineClient
 from deepring.logs import setup_logging
+from deepring.spares import Spares
 from deepring.worker.process import run_worker
 
 log = logging.getLogger("deepring.supervisor")
@@ -52,6 +53,7 @@ class Supervisor:
         configs: tuple[WorkerConfig, ...],
         client: EngineClient,
         on_fatal: Callable[[str], None],
+        reserves: int = 0,
     ) -> None:
         self.configs = configs
         self.client = client
@@ -62,17 +64,28 @@ class Supervisor:
         self.restarts = 0
         self.crash_loop_exits, self.crash_loop_window = env.crash_loop()
         self._loop = asyncio.get_running_loop()
+        self.spares = Spares(reserves, configs[-1], self.ctx, self._loop)
 
     def start(self) -> None:
         for cfg in self.configs:
             self._spawn(cfg, _BACKOFF_START)
+        self.spares.start()
 
     def pids(self) -> dict[str, int | None]:
         return {wid: c.process.pid for wid, c in self.children.items()}
 
-    def _spawn(self, cfg: WorkerConfig, backoff: float, prev: _Child | None = None) -> None:
-        p = self.ctx.Process(target=run_worker, args=(cfg,), name=cfg.worker_id, daemon=True)
-        p.start()
+    def _spawn(
+        self,
+        cfg: WorkerConfig,
+        backoff: float,
+        prev: _Child | None = None,
+        process: multiprocessing.process.BaseProcess | None = None,
+    ) -> None:
+        """Start the worker `cfg` describes (process: a spare already becoming it)."""
+        p = process
+        if p is None:
+            p = self.ctx.Process(target=run_worker, args=(cfg,), name=cfg.worker_id, daemon=True)
+            p.start()
         child = _Child(cfg, p, time.monotonic(), backoff)
         if prev is not None:  # a restart keeps the worker's history
             child.exits, child.restarts, child.last_exit = prev.exits, prev.restarts, prev.last_exit
@@ -116,6 +129,10 @@ class Supervisor:
             log.warning("%s %s; restarting in %.1fs", wid, why, child.backoff)
         self.restarts += 1
         child.restarts += 1
+        spare = self.spares.take(child.config)
+        if spare is not None:  # a warm spare takes the role now; no model to load
+            self._spawn(child.config, backoff, child, process=spare)
+            return
         self._loop.call_later(child.backoff, self._restart, child, backoff)
 
     def _crash_looping(self, child: _Child) -> bool:
@@ -129,7 +146,7 @@ class Supervisor:
         """What /health and /metrics say about the local workers: restarts, the ones down and
         waiting to restart, and the crash-looping ones."""
         now = time.monotonic()
-        out = {"restarts": self.restarts, "workers": {}}
+        out = {"restarts": self.restarts, "spares": self.spares.report(), "workers": {}}
         for wid, c in sorted(self.children.items()):
             alive = c.process.is_alive()
             out["workers"][wid] = {
@@ -144,6 +161,7 @@ class Supervisor:
     async def stop(self, timeout: float = 10.0) -> None:
         """Tell every worker to stop, wait up to `timeout`, then terminate the rest."""
         self.stopping = True
+        self.spares.stop()
         self.client.shutdown_workers(drain=False)
         deadline = time.monotonic() + timeout
         procs = [c.process for c in self.children.values()]
@@ -172,6 +190,6 @@ def run(config: ServeConfig) -> int:
     log.info("ring on %s (%s)", fe.ring_addr, secured)
 
     def start_workers(client: EngineClient, on_fatal: Callable[[str], None]) -> Supervisor:
-        return Supervisor(config.workers, client, on_fatal)
+        return Supervisor(config.workers, client, on_fatal, config.reserve_workers)
 
     return server.run(config.frontend, start_workers)

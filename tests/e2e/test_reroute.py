@@ -231,3 +231,44 @@ def test_a_crash_loop_is_reported(tmp_path_factory, fault_env):
         assert "crash-looping" in s.log()
     finally:
         assert s.stop() == 0, s.log()[-4000:]
+
+
+def test_a_warm_spare_takes_over_at_once(tmp_path_factory, fault_env):
+    """--reserve-workers 1: the only decode worker dies mid-stream and the loaded spare
+    becomes it without loading the model again; the stream goes on unchanged, and a new
+    spare takes the first one's place."""
+    s = Server(
+        ["--max-model-len", "1024", "--reserve-workers", "1"],
+        tmp_path_factory.mktemp("serve") / "serve.log",
+        fault_env,
+    )
+    try:
+        _wait_for(lambda: s.health()["local_workers"]["spares"]["loaded"] == 1, "a loaded spare")
+        prompts = _prompts(2, seed=5)
+        want = _run_all(s.url, prompts, 40)
+        took = []
+
+        def kill() -> None:
+            os.kill(_busiest(s, "decode"), signal.SIGKILL)
+            t0 = time.monotonic()
+            _wait_for(lambda: s.health()["status"] == "ok", "the decode role taken over")
+            took.append(time.monotonic() - t0)
+
+        assert _run_all(s.url, prompts, 40, fault=kill) == want
+        spares = s.health()["local_workers"]["spares"]
+        assert spares["taken"] == 1
+        assert "spare-0" in s.log()
+        assert "takes over decode-0" in s.log()
+        # No model load on the way: the role is back well within a cold start's time.
+        assert took[0] < 10, took
+        _wait_for(lambda: s.health()["local_workers"]["spares"]["loaded"] == 1, "a new spare")
+    finally:
+        assert s.stop() == 0, s.log()[-4000:]
+
+
+def _wait_for(predicate, what: str, timeout: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what}: not reached in {timeout}s")
+        time.sleep(0.05)

@@ -44,9 +44,31 @@ def _tokenizer_in(path: Path | None) -> Path | None:
     return tok if tok is not None and tok.is_file() else None
 
 
-def build_engine(spec: EngineSpec, *, progress: bool = False) -> BuiltEngine:
-    """Load what `spec` names and size its caches. ValueError for a model that cannot load."""
-    from deepring.model.loader import load_model, resolve_model_path
+def load_weights(spec: EngineSpec, *, progress: bool = False):
+    """The model `spec` names, loaded (None in zero-cost mode): what a spare worker holds
+    before it knows its role (`build_engine(..., loaded=)`)."""
+    from deepring.model.loader import load_model
+
+    if spec.zero_cost:
+        return None
+    device = torch.device(spec.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    if device.type == "cpu":
+        cpu_setup(spec.cpu_threads)
+    return load_model(
+        spec.model,
+        dtype=spec.dtype,
+        device=device,
+        load_format=spec.load_format,
+        seed=spec.seed,
+        progress=progress,
+    )
+
+
+def build_engine(spec: EngineSpec, *, progress: bool = False, loaded=None) -> BuiltEngine:
+    """Load what `spec` names and size its caches. ValueError for a model that cannot load.
+    loaded: the model, already loaded (load_weights) with the same model, dtype, device, load
+    format and seed."""
+    from deepring.model.loader import resolve_model_path
 
     device = torch.device(spec.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     if device.type == "cpu":
@@ -61,14 +83,8 @@ def build_engine(spec: EngineSpec, *, progress: bool = False) -> BuiltEngine:
         config = ModelConfig.from_pretrained(path)
         runner = ZeroCostRunner(text_token_ids(_tokenizer_in(path)), spec.zero_cost_step_ms / 1000)
     else:
-        loaded = load_model(
-            spec.model,
-            dtype=spec.dtype,
-            device=device,
-            load_format=spec.load_format,
-            seed=spec.seed,
-            progress=progress,
-        )
+        if loaded is None:
+            loaded = load_weights(spec, progress=progress)
         model, path, config = loaded.model, loaded.path, loaded.config
         layout = config.cache_layout(model.dtype)
         if spec.kv_cache_memory is not None:

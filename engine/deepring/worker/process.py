@@ -156,14 +156,43 @@ class _StopFlag:
         self.requested = True
 
 
-def run_worker(config: WorkerConfig) -> int:
-    """Entry point of a prefill or decode process."""
+def run_spare(config: WorkerConfig, conn, name: str) -> int:
+    """Entry point of a spare (`deepring serve --reserve-workers`): load the model, say so on
+    `conn`, and wait there for the WorkerConfig of the worker to become (the supervisor sends
+    a failed worker's); then run as that worker, without loading anything again. Exits when
+    the supervisor closes `conn` or goes away."""
+    setup_logging(name)
+    from deepring.core.build import load_weights
+
+    loaded = load_weights(config.engine)
+    conn.send("loaded")
+    log.info("loaded; waiting to take over a worker (pid %d)", os.getpid())
+    while True:
+        if config.parent_pid is not None and os.getppid() != config.parent_pid:
+            return 0
+        try:
+            if not conn.poll(1.0):
+                continue
+            role = conn.recv()
+        except (EOFError, OSError):
+            return 0
+        if not isinstance(role, WorkerConfig):
+            return 0
+        spec, mine = role.engine, config.engine
+        same = (spec.model, spec.dtype, spec.device, spec.load_format, spec.seed) == (
+            mine.model, mine.dtype, mine.device, mine.load_format, mine.seed,
+        )  # fmt: skip
+        return run_worker(role, loaded if same else None)
+
+
+def run_worker(config: WorkerConfig, loaded=None) -> int:
+    """Entry point of a prefill or decode process (loaded: its model, already loaded)."""
     setup_logging(config.worker_id)
     stop = _StopFlag(supervised=config.parent_pid is not None)
     from deepring.core.build import build_engine
     from deepring.worker.roles import DecodeRole, PrefillRole
 
-    built = build_engine(config.engine)
+    built = build_engine(config.engine, loaded=loaded)
     gen = random.SystemRandom().getrandbits(62) + 1
     link = WorkerLink(config, gen)
     role_cls = PrefillRole if config.role == "prefill" else DecodeRole
