@@ -115,8 +115,8 @@ def _wait_all_up(server: Server, timeout: float = 120.0) -> None:
 
 @pytest.mark.parametrize("role", ["decode", "prefill"])
 def test_a_killed_worker_is_invisible_to_its_streams(pool, role):
-    prompts = _prompts(6, seed=1 if role == "decode" else 2)
-    want = _run_all(pool.url, prompts, 32)
+    prompts = _prompts(4, seed=1 if role == "decode" else 2)
+    want = _run_all(pool.url, prompts, 24)
     rerouted = pool.metric("deepring_requests_rerouted_total")
 
     seen = []
@@ -125,7 +125,7 @@ def test_a_killed_worker_is_invisible_to_its_streams(pool, role):
         os.kill(_busiest(pool, role), signal.SIGKILL)
         seen.append(_wait_status(pool, "degraded"))
 
-    got = _run_all(pool.url, prompts, 32, fault=kill, early=role == "prefill")
+    got = _run_all(pool.url, prompts, 24, fault=kill, early=role == "prefill")
     assert got == want
     assert pool.metric("deepring_requests_rerouted_total") > rerouted
     # While the worker restarted the server said it was degraded, and kept serving (200).
@@ -137,45 +137,52 @@ def test_a_killed_worker_is_invisible_to_its_streams(pool, role):
 
 
 def test_a_frozen_worker_is_declared_dead_and_its_streams_go_on(pool):
-    prompts = _prompts(4, seed=3)
-    want = _run_all(pool.url, prompts, 40)
+    prompts = _prompts(3, seed=3)
+    want = _run_all(pool.url, prompts, 24)
 
     def freeze() -> None:
         victim = _busiest(pool, "decode")
         os.kill(victim, signal.SIGSTOP)
-        threading.Timer(10.0, os.kill, (victim, signal.SIGCONT)).start()
+        threading.Timer(8.0, os.kill, (victim, signal.SIGCONT)).start()
 
-    got = _run_all(pool.url, prompts, 40, fault=freeze)
+    got = _run_all(pool.url, prompts, 24, fault=freeze)
     assert got == want
-    time.sleep(10.5)  # thawed: it re-registers (dropping what it held) and serves again
+    time.sleep(8.5)  # thawed: it re-registers (dropping what it held) and serves again
     _wait_all_up(pool)
-    assert _run_all(pool.url, prompts[:2], 40) == want[:2]
+    assert _run_all(pool.url, prompts[:2], 24) == want[:2]
 
 
 def test_chaos_kills_lose_no_request(pool):
-    """A bounded load test while a random worker is killed every few seconds."""
+    """A bounded load test while a random worker is killed every few seconds (the first one
+    a second in), one of each role always left alive."""
     prompts = _prompts(8, seed=4)
     want = _run_all(pool.url, prompts, 24)
     stop = threading.Event()
+    kills = []
 
     def chaos() -> None:
         rng = random.Random(0)
-        while not stop.wait(4.0):
+        wait = 1.0
+        while not stop.wait(wait):
+            wait = 3.0
             ready = [w for w in pool.health()["workers"] if w["up"]]
             roles = {w["role"] for w in ready}
             pick = [w for w in ready if sum(x["role"] == w["role"] for x in ready) > 1]
-            if len(roles) == 2 and pick:  # keep one worker of each role alive
-                os.kill(rng.choice(pick)["pid"], signal.SIGKILL)
+            if len(roles) == 2 and pick:
+                victim = rng.choice(pick)
+                os.kill(victim["pid"], signal.SIGKILL)
+                kills.append(victim["worker"])
 
     t = threading.Thread(target=chaos, daemon=True)
     t.start()
     try:
         with ThreadPoolExecutor(8) as ex:
-            got = list(ex.map(lambda p: _stream(pool.url, p, 24), prompts * 2))
+            got = list(ex.map(lambda p: _stream(pool.url, p, 24), prompts))
     finally:
         stop.set()
         t.join(10)
-    assert got == want * 2
+    assert kills
+    assert got == want
     _wait_all_up(pool)
 
 
@@ -245,7 +252,7 @@ def test_a_warm_spare_takes_over_at_once(tmp_path_factory, fault_env):
     try:
         _wait_for(lambda: s.health()["local_workers"]["spares"]["loaded"] == 1, "a loaded spare")
         prompts = _prompts(2, seed=5)
-        want = _run_all(s.url, prompts, 40)
+        want = _run_all(s.url, prompts, 24)
         took = []
 
         def kill() -> None:
@@ -254,7 +261,7 @@ def test_a_warm_spare_takes_over_at_once(tmp_path_factory, fault_env):
             _wait_for(lambda: s.health()["status"] == "ok", "the decode role taken over")
             took.append(time.monotonic() - t0)
 
-        assert _run_all(s.url, prompts, 40, fault=kill) == want
+        assert _run_all(s.url, prompts, 24, fault=kill) == want
         spares = s.health()["local_workers"]["spares"]
         assert spares["taken"] == 1
         assert "spare-0" in s.log()
