@@ -256,8 +256,7 @@ class App:
             return "draining"
         if self.client.ready:
             return "ok"
-        reg = self.client.registry
-        if all(reg.ready_workers(role) for role, n in reg.expect.items() if n):
+        if all(c["ready"] for c in self._capacity().values() if c["expected"]):
             return "degraded"
         return "starting" if not self.client.workers and not self._restarts() else "unavailable"
 
@@ -266,10 +265,13 @@ class App:
 
     def _capacity(self) -> dict:
         """Per role: workers expected and ready (degraded mode shows here)."""
-        reg = self.client.registry
+        expect = {"prefill": self.config.expect_prefill, "decode": self.config.expect_decode}
         return {
-            role: {"expected": n, "ready": len(reg.ready_workers(role))}
-            for role, n in reg.expect.items()
+            role: {
+                "expected": n,
+                "ready": sum(w.role == role and w.load.ready for w in self.client.workers.values()),
+            }
+            for role, n in expect.items()
         }
 
     def _workers(self) -> list[dict]:
