@@ -61,9 +61,9 @@ def test_killed_decode_worker_is_invisible_even_without_a_spare(server, openai_c
     """The only decode worker dies mid-stream: the request waits for its restart and goes on
     where it was, with the output of an uninterrupted run (tests/e2e/test_reroute.py has the
     other faults)."""
-    want = _chat_text(openai_client, 120)
+    want = _chat_text(openai_client, 48)
     old = server.worker_pid("decode")
-    assert _chat_text(openai_client, 120, kill=old) == want
+    assert _chat_text(openai_client, 48, kill=old) == want
     h = server.wait_healthy()
     assert server.worker_pid("decode") != old
     assert h["requests_in_flight"] == 0

@@ -155,7 +155,7 @@ def test_a_frozen_worker_is_declared_dead_and_its_streams_go_on(pool):
 def test_chaos_kills_lose_no_request(pool):
     """A bounded load test while a random worker is killed every few seconds (the first one
     a second in), one of each role always left alive."""
-    prompts = _prompts(8, seed=4)
+    prompts = _prompts(6, seed=4)
     want = _run_all(pool.url, prompts, 24)
     stop = threading.Event()
     kills = []
