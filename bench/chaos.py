@@ -77,7 +77,9 @@ def run(url: str, prompts: list[str], args, chaos: bool) -> dict:
 
     def killer() -> None:
         rng = random.Random(args.seed)
-        while not stop.wait(args.kill_every):
+        wait = min(1.0, args.kill_every)  # the first kill early: a short run still gets one
+        while not stop.wait(wait):
+            wait = args.kill_every
             health = json.loads(_get(url, "/health"))
             ready = [w for w in health["workers"] if w["up"]]
             spare = [w for w in ready if sum(x["role"] == w["role"] for x in ready) > 1]
@@ -122,8 +124,8 @@ def _get(url: str, path: str) -> str:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--streams", type=int, default=16)
-    p.add_argument("--requests", type=int, default=64)
-    p.add_argument("--max-tokens", type=int, default=48)
+    p.add_argument("--requests", type=int, default=128)
+    p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--kill-every", type=float, default=4.0)
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args()
