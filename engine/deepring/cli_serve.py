@@ -66,6 +66,14 @@ def _add_engine_args(p: argparse.ArgumentParser, max_num_seqs: int = 64) -> None
         metavar="SIZE",
         help="bytes of paged KV cache per worker, e.g. 2GiB (overrides --num-blocks)",
     )
+    g.add_argument(
+        "--kv-cache-fraction",
+        type=float,
+        default=None,
+        metavar="F",
+        help="the paged KV cache takes this fraction (0-0.95] of the device memory free once "
+        "the model is loaded (CUDA: the device's; CPU: the host's available memory)",
+    )
     _add_prefix_args(p)
 
 
@@ -151,6 +159,7 @@ def _engine_spec(
         num_blocks=args.num_blocks,
         cpu_threads=args.cpu_threads or env.cpu_threads() or 1,
         kv_cache_memory=args.kv_cache_memory,
+        kv_cache_fraction=args.kv_cache_fraction,
         prefix_cache=not args.no_prefix_cache,
         kv_cache_dir=_kv_cache_dir(args),
         kv_store=args.kv_store,

@@ -99,6 +99,9 @@ class EngineSpec:
     cpu_threads: int | None = 1  # torch intra-op threads on CPU (roles share the cores)
     # Bytes of the paged cache (None: num_blocks). Sizes the pool by memory, not by requests.
     kv_cache_memory: int | None = None
+    # Or a fraction of the device memory free once the model is loaded (CUDA: the device's
+    # free memory; CPU: the host's available memory).
+    kv_cache_fraction: float | None = None
     # Prefix KV cache (core.prefix). kv_cache_dir: the directory store (None: none; `deepring
     # serve` defaults it under the cache directory); kv_store: a shared Redis tier.
     prefix_cache: bool = True
@@ -127,6 +130,11 @@ class EngineSpec:
             raise ValueError("cpu_threads must be >= 1")
         if self.kv_cache_memory is not None and self.kv_cache_memory < 1:
             raise ValueError("kv_cache_memory must be >= 1 byte")
+        if self.kv_cache_fraction is not None:
+            if not 0 < self.kv_cache_fraction <= 0.95:
+                raise ValueError("kv_cache_fraction must be in (0, 0.95]")
+            if self.kv_cache_memory is not None:
+                raise ValueError("give kv_cache_memory or kv_cache_fraction, not both")
         if self.swa_replay not in SWA_REPLAY:
             raise ValueError(f"swa_replay must be one of {SWA_REPLAY}, got {self.swa_replay!r}")
         if self.kv_host_memory < 0:

@@ -299,3 +299,17 @@ def test_the_pool_is_sized_by_bytes(deepring_cache_dir):
     assert build_engine(sized).engine.pool.cache.num_blocks == 40
     with pytest.raises(ValueError, match="kv-cache-memory"):
         build_engine(dataclasses.replace(spec, kv_cache_memory=3 * per_block))
+
+
+def test_the_pool_is_sized_by_a_fraction_of_free_memory(deepring_cache_dir, monkeypatch):
+    from deepring.config import EngineSpec
+    from deepring.core import build
+
+    spec = EngineSpec(model="tiny", max_model_len=512, max_num_seqs=2, dtype="float32")
+    per_block = build.build_engine(spec).engine.pool.bytes_per_block()
+    assert build.free_memory(torch.device("cpu")) > 0  # the real host figure
+    monkeypatch.setattr(build, "free_memory", lambda device: 100 * per_block)
+    sized = dataclasses.replace(spec, kv_cache_fraction=0.25)
+    assert build.build_engine(sized).engine.pool.cache.num_blocks == 25
+    with pytest.raises(ValueError, match="kv_cache_fraction"):
+        dataclasses.replace(spec, kv_cache_fraction=0.99)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -87,8 +88,11 @@ def build_engine(spec: EngineSpec, *, progress: bool = False, loaded=None) -> Bu
             loaded = load_weights(spec, progress=progress)
         model, path, config = loaded.model, loaded.path, loaded.config
         layout = config.cache_layout(model.dtype)
-        if spec.kv_cache_memory is not None:
-            cache = _sized_by_memory(cache, layout, spec)
+        if spec.kv_cache_fraction is not None:
+            free = free_memory(device)
+            cache = _sized_by_memory(cache, layout, spec, int(spec.kv_cache_fraction * free))
+        elif spec.kv_cache_memory is not None:
+            cache = _sized_by_memory(cache, layout, spec, spec.kv_cache_memory)
         runner = ModelRunner(model, KVCachePool(layout, cache, device))
     engine = EngineCore(
         runner,
@@ -122,13 +126,29 @@ def build_engine(spec: EngineSpec, *, progress: bool = False, loaded=None) -> Bu
     return BuiltEngine(engine, config, path, model, random_weights)
 
 
-def _sized_by_memory(cache: CacheConfig, layout, spec: EngineSpec) -> CacheConfig:
-    """The block count that `spec.kv_cache_memory` bytes hold (plus the reserved block)."""
+def free_memory(device: torch.device) -> int:
+    """Bytes free for the KV cache now: the CUDA device's free memory, or the host's available
+    memory (MemAvailable) on CPU."""
+    if device.type == "cuda":
+        return int(torch.cuda.mem_get_info(device)[0])
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
+def _sized_by_memory(cache: CacheConfig, layout, spec: EngineSpec, budget: int) -> CacheConfig:
+    """The block count that `budget` bytes hold (plus the reserved block)."""
     probe = KVCachePool(layout, CacheConfig(num_blocks=1, num_slots=1, block_size=cache.block_size))
-    n = int(spec.kv_cache_memory or 0) // probe.bytes_per_block()
+    n = budget // probe.bytes_per_block()
     if n < spec.blocks_per_seq + 1:
         raise ValueError(
-            f"--kv-cache-memory {spec.kv_cache_memory} bytes holds {n} blocks of "
+            f"the KV cache budget of {budget} bytes (--kv-cache-memory / --kv-cache-fraction) "
+            f"holds {n} blocks of "
             f"{probe.bytes_per_block()} bytes; one request of max_model_len needs "
             f"{spec.blocks_per_seq + 1}"
         )
