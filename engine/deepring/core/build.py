@@ -45,20 +45,26 @@ def _tokenizer_in(path: Path | None) -> Path | None:
     return tok if tok is not None and tok.is_file() else None
 
 
-def load_weights(spec: EngineSpec, *, progress: bool = False):
+def _device(spec: EngineSpec) -> torch.device:
+    """The device `spec` runs on (CPU inference set up once it is chosen)."""
+    device = torch.device(spec.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    if device.type == "cpu":
+        cpu_setup(spec.cpu_threads)
+    return device
+
+
+def load_weights(spec: EngineSpec, *, progress: bool = False, device: torch.device | None = None):
     """The model `spec` names, loaded (None in zero-cost mode): what a spare worker holds
-    before it knows its role (`build_engine(..., loaded=)`)."""
+    before it knows its role (`build_engine(..., loaded=)`). device: already resolved by the
+    caller (`_device`)."""
     from deepring.model.loader import load_model
 
     if spec.zero_cost:
         return None
-    device = torch.device(spec.device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    if device.type == "cpu":
-        cpu_setup(spec.cpu_threads)
     return load_model(
         spec.model,
         dtype=spec.dtype,
-        device=device,
+        device=device or _device(spec),
         load_format=spec.load_format,
         seed=spec.seed,
         progress=progress,
@@ -71,9 +77,7 @@ def build_engine(spec: EngineSpec, *, progress: bool = False, loaded=None) -> Bu
     format and seed."""
     from deepring.model.loader import resolve_model_path
 
-    device = torch.device(spec.device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    if device.type == "cpu":
-        cpu_setup(spec.cpu_threads)
+    device = _device(spec)
     cache = CacheConfig(
         num_blocks=spec.total_blocks, num_slots=spec.max_num_seqs, block_size=spec.block_size
     )
@@ -85,7 +89,7 @@ def build_engine(spec: EngineSpec, *, progress: bool = False, loaded=None) -> Bu
         runner = ZeroCostRunner(text_token_ids(_tokenizer_in(path)), spec.zero_cost_step_ms / 1000)
     else:
         if loaded is None:
-            loaded = load_weights(spec, progress=progress)
+            loaded = load_weights(spec, progress=progress, device=device)
         model, path, config = loaded.model, loaded.path, loaded.config
         layout = config.cache_layout(model.dtype)
         if spec.kv_cache_fraction is not None:

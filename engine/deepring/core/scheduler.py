@@ -152,14 +152,16 @@ class Scheduler:
             if self.prefix is not None and not self.prefix.ready(req):
                 break  # its store read-ahead is still in flight
             slot = self.slots.allocate()
-            fresh = self.prefix is not None and req.num_cached == 0 and not req.blocks
-            if fresh and self.prefix is not None:
-                self.prefix.acquire(req, slot)
+            # A request holding no cache state yet (new, or preempted) takes its longest
+            # cached prefix now; a failed admission gives it back (release).
+            prefix = self.prefix if req.num_cached == 0 and not req.blocks else None
+            if prefix is not None:
+                prefix.acquire(req, slot)
             n = self._chunk(req, budget)
             if n == 0 or not self._grow(req, req.num_cached + n):
                 self.slots.free(slot)
-                if fresh and self.prefix is not None:
-                    self.prefix.release(req)
+                if prefix is not None:
+                    prefix.release(req)
                 if n and not self.running and not out:
                     raise RuntimeError(
                         f"request {req.rid} needs more cache blocks than the pool has"
