@@ -63,10 +63,13 @@ def cpu_int8_is_fast() -> bool:
 
 def head_kind() -> str | None:
     """The greedy head to run: 'int8', 'bf16', or None (plain fp32). DEEPRING_GREEDY_HEAD
-    chooses; `auto` takes the low-precision head this CPU has native GEMMs for. Having them is not
-    always being fast: on an AMD EPYC with AVX512-VNNI, oneDNN's int8 linear took ~180 ms per
-    call for the tiny model's 129k vocabulary (cProfile), and 32 greedy tokens of one request
-    took 5.9 s with it against 0.2 s with the bf16 head (ad-hoc timing)."""
+    chooses; `auto` takes bf16 where the CPU multiplies it natively, else int8 where it has int8
+    dot products, else fp32. bf16 first because having native int8 GEMMs is not being fast
+    with them: on an AMD EPYC with AVX512-VNNI and AVX512-BF16, oneDNN's int8 linear took
+    ~180 ms per call for the tiny model's 129k vocabulary (cProfile; over a second per call
+    with the other core busy), and 32 greedy tokens of one request took 5.9 s with it against
+    0.2 s with the bf16 head (ad-hoc timing), while where int8 was good (32 rows on an earlier
+    dev machine: 1.1-1.3 ms) bf16 was only ~1.5x slower (1.7-2.0 ms)."""
     choice = env.greedy_head()
     if choice == "fp32":
         return None
@@ -74,9 +77,9 @@ def head_kind() -> str | None:
         raise ValueError("DEEPRING_GREEDY_HEAD=int8 needs oneDNN's int8 linear and VNNI or AMX")
     if choice != "auto":
         return choice
-    if cpu_int8_is_fast():
-        return "int8"
-    return "bf16" if cpu_bf16_is_fast() else None
+    if cpu_bf16_is_fast():
+        return "bf16"
+    return "int8" if cpu_int8_is_fast() else None
 
 
 def _row_norm(x: torch.Tensor) -> torch.Tensor:
