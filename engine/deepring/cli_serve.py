@@ -380,7 +380,7 @@ def _serve(args: argparse.Namespace) -> int:
             security = cli_security.ring_settings(args, [ring], "serve", create=True)
             fe = _frontend_config(args, ring, args.num_prefill, args.num_decode, security)
             common = {
-                "frontend_addr": fe.ring_addr,
+                "frontend_addrs": (fe.ring_addr,),
                 "parent_pid": os.getpid(),
                 "heartbeat_interval": fe.heartbeat_interval,
                 "heartbeat_timeout": fe.heartbeat_timeout,
@@ -435,20 +435,22 @@ def _worker(args: argparse.Namespace) -> int:
     try:
         handoff_bind = getattr(args, "handoff_bind", None)
         # Endpoints first: a typo is reported as such, not as missing ring keys.
-        check_address("--frontend", args.frontend)
+        frontends = tuple(a.strip() for arg in args.frontend for a in arg.split(","))
+        for addr in frontends:
+            check_address("--frontend", addr)
         if handoff_bind is not None:
             check_address("--handoff-bind", handoff_bind)
         cfg = WorkerConfig(
             role=args.command,
             index=args.index,
-            frontend_addr=args.frontend,
+            frontend_addrs=frontends,
             engine=_engine_spec(args),
             handoff_bind=handoff_bind,
             handoff_addr=getattr(args, "handoff_addr", None),
             heartbeat_interval=env.heartbeat_interval(),
             heartbeat_timeout=env.heartbeat_timeout(),
             **cli_security.ring_settings(
-                args, [args.frontend, handoff_bind], args.command, create=False
+                args, [*frontends, handoff_bind], args.command, create=False
             ),
         )
     except ValueError as e:
@@ -506,7 +508,14 @@ def add_serving_commands(sub: argparse._SubParsersAction) -> None:
 
     for role, text in (("prefill", "one prefill worker"), ("decode", "one decode worker")):
         p = sub.add_parser(role, help=text)
-        p.add_argument("--frontend", required=True, help="the frontend's --ring endpoint")
+        p.add_argument(
+            "--frontend",
+            required=True,
+            action="append",
+            metavar="ENDPOINT",
+            help="a frontend's --ring endpoint; repeat it (or separate endpoints with commas) "
+            "to serve several frontends, which then share this worker",
+        )
         p.add_argument("--index", type=int, default=0, help="worker number within its role")
         if role == "decode":
             p.add_argument(

@@ -164,7 +164,9 @@ class WorkerConfig:
 
     role: str
     index: int
-    frontend_addr: str  # the frontend's ring endpoint (this worker connects to it)
+    # The ring endpoints of the frontends this worker serves (it connects to each; several
+    # frontends share one pool of workers, docs/deployment.md).
+    frontend_addrs: tuple[str, ...]
     engine: EngineSpec
     handoff_bind: str | None = None  # decode: where prefill workers deliver handoffs
     handoff_addr: str | None = None  # decode: that endpoint as prefill workers reach it
@@ -180,7 +182,14 @@ class WorkerConfig:
             raise ValueError(f"role must be one of {ROLES}, got {self.role!r}")
         if self.index < 0:
             raise ValueError("worker index must be >= 0")
-        check_address("frontend_addr", self.frontend_addr)
+        addrs = tuple(self.frontend_addrs)
+        if not addrs:
+            raise ValueError("a worker needs at least one frontend endpoint")
+        if len(set(addrs)) != len(addrs):
+            raise ValueError(f"a frontend endpoint is listed twice: {list(addrs)}")
+        for addr in addrs:
+            check_address("a frontend endpoint", addr)
+        object.__setattr__(self, "frontend_addrs", addrs)
         if self.role == "decode":
             if self.handoff_bind is None:
                 raise ValueError("a decode worker needs a handoff endpoint to bind")
@@ -190,7 +199,7 @@ class WorkerConfig:
             raise ValueError("need 0 < heartbeat_interval < heartbeat_timeout")
         _check_ring_security(
             {
-                "the frontend endpoint": self.frontend_addr,
+                **{f"the frontend endpoint {a}": a for a in self.frontend_addrs},
                 "the handoff endpoint": self.handoff_bind,
             },
             self.ring_keys,

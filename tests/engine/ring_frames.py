@@ -37,6 +37,7 @@ VALID = [
     ),
     Handoff(
         rid=7,
+        frontend_gen=11,
         token_ids=np.array([1, 2, 3, 4], dtype=np.int32),
         prompt_len=3,
         num_cached=3,

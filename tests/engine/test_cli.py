@@ -58,6 +58,9 @@ def test_unknown_subcommand_is_rejected(capsys):
         (["serve", "--model", "/no/such/model"], "neither 'tiny' nor a checkpoint directory"),
         (["prefill", "--frontend", "tcp://h:1", "--model", "/no/such"], "checkpoint directory"),
         (["serve", "--served-model-name", "a", "a"], "duplicate served model names"),
+        (["prefill", "--frontend", "ipc:///a", "--frontend", "ipc:///a"], "listed twice"),
+        (["prefill", "--frontend", "ipc:///a,ipc:///a"], "listed twice"),
+        (["prefill", "--frontend", "ipc:///a,localhost:1"], "ZeroMQ endpoint"),
     ],
 )
 def test_serving_commands_refuse_bad_configurations(capsys, argv, message):

@@ -44,6 +44,7 @@ def _prefill(eng: EngineCore, rid: int, prompt: list[int], params: SamplingParam
 def _through_the_wire(req, state: CacheState) -> Handoff:
     msg = Handoff(
         rid=req.rid,
+        frontend_gen=0,
         token_ids=np.asarray(req.prompt_ids + req.output_ids, dtype=np.int32),
         prompt_len=len(req.prompt_ids),
         num_cached=req.num_cached,

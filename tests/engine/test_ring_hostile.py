@@ -78,7 +78,7 @@ class SecureRing:
             ring_keys=str(self.keys_dir),
         )
         common = {
-            "frontend_addr": self.fe.ring_addr,
+            "frontend_addrs": (self.fe.ring_addr,),
             "parent_pid": os.getpid(),
             "heartbeat_interval": 0.5,
             "heartbeat_timeout": 20.0,

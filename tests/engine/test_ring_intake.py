@@ -321,7 +321,7 @@ def decode_link(tmp_path_factory):
     cfg = WorkerConfig(
         role="decode",
         index=0,
-        frontend_addr=f"ipc://{root}/ring",
+        frontend_addrs=(f"ipc://{root}/ring",),
         handoff_bind=f"ipc://{root}/handoff",
         engine=EngineSpec(zero_cost=True),
     )
@@ -357,7 +357,9 @@ def test_the_handoff_socket_takes_handoffs_and_nothing_else(decode_link):
         while not got and time.monotonic() < deadline:
             got += link.poll(0.1)[0]
         assert len(got) == 1
-        assert isinstance(got[0], Handoff)
+        source, msg = got[0]
+        assert source == -1
+        assert isinstance(msg, Handoff)
         assert link.drops.counts == {"malformed": 2, "unexpected": 3}
     finally:
         push.close()

@@ -111,7 +111,7 @@ def test_tcp_rings_need_keys_or_an_explicit_insecure_ring():
         WorkerConfig(
             role="decode",
             index=0,
-            frontend_addr="ipc:///tmp/x/ring",
+            frontend_addrs=("ipc:///tmp/x/ring",),
             handoff_bind="tcp://127.0.0.1:5601",
             engine=EngineSpec(),
         )

@@ -36,6 +36,7 @@ SAMPLES = [
     ),
     Handoff(
         rid=2**40 + 3,
+        frontend_gen=2**62,
         token_ids=np.arange(300, dtype=np.int32),
         prompt_len=299,
         num_cached=299,

@@ -57,7 +57,7 @@ class Ring:
             heartbeat_timeout=20.0,
         )
         common = {
-            "frontend_addr": self.fe.ring_addr,
+            "frontend_addrs": (self.fe.ring_addr,),
             "parent_pid": os.getpid(),
             "heartbeat_interval": 0.5,
             "heartbeat_timeout": 20.0,

@@ -27,7 +27,8 @@ class FakeLink:
         self.frontend: list[Tokens] = []
         self.handoffs: list[Handoff] = []
 
-    def to_frontend(self, msg) -> None:
+    def to_frontend(self, msg, link: int = 0) -> None:
+        assert link == 0
         self.frontend.append(_wire(msg))
 
     def handoff(self, addr: str, msg: Handoff) -> None:

@@ -342,6 +342,11 @@ class EngineClient:
             log.warning("%s", e)
             return
         log.info("worker %s ready (pid %d)", wid, msg.pid)
+        # Who this frontend is (its incarnation), before any request: a worker serving several
+        # frontends tells them apart by it (worker.roles).
+        self._send(
+            wid, Health(worker="frontend", gen=self.gen, state="alive", pid=os.getpid(), info={})
+        )
         if self.ready and self._ready_event is not None:
             self._ready_event.set()
         self._dispatch_queued()

@@ -71,8 +71,11 @@ class Handoff(Message):
     """
 
     TYPE: ClassVar[str] = "handoff"
-    VERSION: ClassVar[int] = 3
-    rid: int
+    VERSION: ClassVar[int] = 4
+    rid: int  # the request's id at the frontend that owns it
+    # That frontend's incarnation (its Health gen), which tells a decode worker serving several
+    # frontends whose request this is; 0 when the prefill worker had not heard it yet.
+    frontend_gen: int
     token_ids: np.ndarray = field(metadata={"frame": IDS})
     prompt_len: int
     num_cached: int

@@ -69,19 +69,21 @@ _FROM_PREFILL = (Handoff,)
 
 
 class WorkerLink:
-    """A worker's sockets: the DEALER to the frontend, the handoff PULL (decode) and the
-    handoff PUSHes (prefill, one per decode endpoint, connected on first use). `gen` is the
-    incarnation, part of the routing id the frontend knows this process by."""
+    """A worker's sockets: a DEALER to each frontend (link i is the i-th of
+    config.frontend_addrs), the handoff PULL (decode) and the handoff PUSHes (prefill, one per
+    decode endpoint, connected on first use). `gen` is the incarnation, part of the routing id
+    every frontend knows this process by."""
 
     def __init__(self, config: WorkerConfig, gen: int) -> None:
         self.security = RingSecurity.load(config.ring_keys, config.insecure_ring)
         self.drops = drops.DropLog(log, config.worker_id)
         self._from_frontend = _FROM_FRONTEND[config.role]
         self.ctx = zmq.Context(io_threads=1)
+        route = worker_route(config.worker_id, gen)
+        self.frontends: list[zmq.Socket] = []
         try:
-            self.frontend = sockets.dealer(
-                self.ctx, config.frontend_addr, worker_route(config.worker_id, gen), self.security
-            )
+            for addr in config.frontend_addrs:
+                self.frontends.append(sockets.dealer(self.ctx, addr, route, self.security))
             self.handoff_in = None
             if config.role == "decode":
                 self.handoff_in = sockets.pull(
@@ -93,13 +95,43 @@ class WorkerLink:
             self.close()
             raise
         self._out: dict[str, zmq.Socket] = {}
+        now = time.monotonic()
+        self.heard_at = [now] * len(self.frontends)  # when each frontend was last heard from
+        self._silent_after = 3 * config.heartbeat_interval
+        self.stalled: set[int] = set()  # links whose output had to be dropped
         self.poller = zmq.Poller()
-        self.poller.register(self.frontend, zmq.POLLIN)
+        for sock in self.frontends:
+            self.poller.register(sock, zmq.POLLIN)
         if self.handoff_in is not None:
             self.poller.register(self.handoff_in, zmq.POLLIN)
 
-    def to_frontend(self, msg: Message) -> None:
-        sockets.send(self.frontend, msg)  # blocks at the high-water mark: back pressure
+    def to_frontend(self, msg: Message, link: int = 0) -> None:
+        """Send request output to frontend `link`. A frontend that reads slowly holds the
+        worker back (the send blocks at the high-water mark), unless it has also been silent
+        for a while with other frontends to serve: then it is presumed gone, the message is
+        dropped, and the link is marked stalled (the loop drops its requests, as after a
+        heartbeat timeout), so one dead frontend cannot stop a worker that others share."""
+        sock = self.frontends[link]
+        if len(self.frontends) == 1:
+            sockets.send(sock, msg)
+            return
+        try:
+            sockets.send(sock, msg, block=False)
+        except zmq.Again:
+            if time.monotonic() - self.heard_at[link] < self._silent_after:
+                sockets.send(sock, msg)
+            else:
+                self.stalled.add(link)
+
+    def notify(self, msg: Message, link: int) -> bool:
+        """Heartbeats and load reports: never wait for them (a frontend that is gone would
+        stop the worker once its queue is full); the next one follows soon. False when the
+        message could not be queued."""
+        try:
+            sockets.send(self.frontends[link], msg, block=False)
+        except zmq.Again:
+            return False
+        return True
 
     def handoff(self, addr: str, msg: Handoff) -> None:
         sock = self._out.get(addr)
@@ -107,22 +139,27 @@ class WorkerLink:
             sock = self._out[addr] = sockets.push(self.ctx, addr, self.security)
         sockets.send(sock, msg, block=False)
 
-    def poll(self, timeout: float) -> tuple[list[Message], bool]:
-        """Waiting messages (after up to `timeout` seconds), and whether the frontend sent any."""
+    def poll(self, timeout: float) -> tuple[list[tuple[int, Message]], set[int]]:
+        """Waiting messages as (link, message) after up to `timeout` seconds (link -1: the
+        handoff socket), and the links whose frontend sent any."""
         events = dict(self.poller.poll(int(timeout * 1000)))
-        out: list[Message] = []
-        heard = False
-        if self.frontend in events:
-            for frames in sockets.drain(self.frontend):
-                heard = True
-                msg = self._accept(frames, self._from_frontend, "the frontend")
+        out: list[tuple[int, Message]] = []
+        heard: set[int] = set()
+        for link, sock in enumerate(self.frontends):
+            if sock not in events:
+                continue
+            for frames in sockets.drain(sock):
+                if link not in heard:
+                    heard.add(link)
+                    self.heard_at[link] = time.monotonic()
+                msg = self._accept(frames, self._from_frontend, "a frontend")
                 if msg is not None:
-                    out.append(msg)
+                    out.append((link, msg))
         if self.handoff_in is not None and self.handoff_in in events:
             for frames in sockets.drain(self.handoff_in, copy=False):
                 msg = self._accept(frames, _FROM_PREFILL, "the handoff socket")
                 if msg is not None:
-                    out.append(msg)
+                    out.append((-1, msg))
         return out, heard
 
     def _accept(self, frames: list, types: tuple[type[Message], ...], source: str):
@@ -197,96 +234,122 @@ def run_worker(config: WorkerConfig, loaded=None) -> int:
     link = WorkerLink(config, gen)
     role_cls = PrefillRole if config.role == "prefill" else DecodeRole
     role = role_cls(built.engine, link, config.worker_id, gen)
+    links = range(len(config.frontend_addrs))
+    role.num_links = len(links)
+    if isinstance(role, DecodeRole):
+        role.unplaced_wait = config.heartbeat_timeout
     info = engine_info(config, built)
     pid = os.getpid()
 
-    def health(state: str) -> None:
-        link.to_frontend(
+    def health(state: str, i: int) -> None:
+        ready = state == "ready"
+        sent = link.notify(
             Health(
                 worker=config.worker_id,
                 gen=gen,
                 state=state,
                 pid=pid,
-                info=info if state == "ready" else {},
-            )
+                info=info if ready else {},
+            ),
+            i,
         )
+        if ready:
+            # Until a `ready` is on its way, the frontend does not know this worker dropped
+            # its requests (it reroutes them when it hears one): the heartbeats say `ready`.
+            unannounced[i] = not sent
 
     def stats() -> None:
-        link.to_frontend(
-            Stats(worker=config.worker_id, gen=gen, dropped=dict(link.drops.counts), **role.load())
+        msg = Stats(
+            worker=config.worker_id, gen=gen, dropped=dict(link.drops.counts), **role.load()
         )
+        for i in links:
+            link.notify(msg, i)
 
-    health("ready")
+    def drop_link(i: int, why: str) -> None:
+        dropped = role.reset(i)
+        lost[i] = True
+        log.warning("%s %s; dropped %d requests", where(i), why, len(dropped))
+        health("ready", i)
+
+    def where(i: int) -> str:
+        return "the frontend" if len(links) == 1 else f"frontend {config.frontend_addrs[i]}"
+
+    lost = [False] * len(links)  # a frontend not heard from for the heartbeat timeout
+    unannounced = [False] * len(links)  # see health()
+    for i in links:
+        health("ready", i)
     handoffs = f", handoffs on {config.handoff_bind}" if config.role == "decode" else ""
     log.info(
         "ready (%s, pid %d%s)", "zero-cost" if config.engine.zero_cost else "model", pid, handoffs
     )
     now = time.monotonic()
-    heard_at = now
     next_beat = now + config.heartbeat_interval
     next_stats = now
-    lost = False
-    frontend_gen: int | None = None
+    frontend_gen: list[int | None] = [None] * len(links)
     drain_until: float | None = None
     try:
         while True:
             timeout = 0.0 if role.busy else max(0.0, next_beat - time.monotonic())
             msgs, heard = link.poll(timeout)
             now = time.monotonic()
-            if heard:
-                heard_at = now
-                if lost:
-                    log.info("frontend is back")
-                    lost = False
-            for msg in msgs:
+            for i in heard:
+                if lost[i]:
+                    log.info("%s is back", where(i))
+                    lost[i] = False
+            for i, msg in msgs:
                 if isinstance(msg, Health):
-                    new_owner = frontend_gen not in (None, msg.gen)
-                    frontend_gen = msg.gen
+                    new_owner = frontend_gen[i] not in (None, msg.gen)
+                    frontend_gen[i] = msg.gen
+                    role.frontend_heard(i, msg.gen)
                     if new_owner or msg.state == "announce":
                         # A new frontend, or one that does not know this worker (it was declared
-                        # dead): whatever this worker holds has no owner any more.
-                        dropped = role.reset()
+                        # dead): whatever this worker holds for it has no owner any more.
+                        dropped = role.reset(i)
                         if dropped:
                             log.warning(
                                 "re-registering; dropped %d orphaned requests", len(dropped)
                             )
-                        health("ready")
+                        health("ready", i)
                 elif isinstance(msg, Shutdown):
+                    # From any frontend: only a supervising `deepring serve` sends it.
                     if not msg.drain:
                         log.info("shutting down")
                         return 0
                     role.draining = True
                     drain_until = now + msg.timeout
                 else:
-                    role.handle(msg)
+                    role.handle(msg, max(i, 0))
             if role.busy:
                 role.step()
                 now = time.monotonic()
                 if now >= next_stats:
                     stats()
                     next_stats = now + config.stats_interval
+            while link.stalled:
+                drop_link(link.stalled.pop(), "stopped reading")
             if now >= next_beat:
-                health("ready" if lost else ("draining" if role.draining else "alive"))
+                for i in links:
+                    state = "draining" if role.draining else "alive"
+                    health("ready" if lost[i] or unannounced[i] else state, i)
                 stats()
+                if isinstance(role, DecodeRole):
+                    role.expire(now)
                 next_beat = now + config.heartbeat_interval
             if config.parent_pid is not None and os.getppid() != config.parent_pid:
                 log.warning("parent process %d is gone; exiting", config.parent_pid)
                 return 0
-            if not lost and now - heard_at > config.heartbeat_timeout:
-                dropped = role.reset()
-                log.warning(
-                    "no word from the frontend for %.0fs; dropped %d requests",
-                    now - heard_at,
-                    len(dropped),
-                )
-                lost = True
+            for i in links:
+                silent = now - link.heard_at[i]
+                if not lost[i] and silent > config.heartbeat_timeout:
+                    drop_link(i, f"sent nothing for {silent:.0f}s")
             if stop.requested and drain_until is None:
                 log.info("signal received: draining")
                 role.draining = True
                 drain_until = now + env.drain_timeout()
             if drain_until is not None and (not role.busy or now >= drain_until):
                 log.info("drained; exiting")
-                health("exiting")
+                for i in links:
+                    health("exiting", i)
                 return 0
     finally:
         link.close()
