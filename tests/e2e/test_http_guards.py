@@ -3,6 +3,8 @@ prompt that fills the context, non-JSON and cross-site requests, HEAD."""
 
 from __future__ import annotations
 
+import socket
+
 import httpx2
 import openai
 import pytest
@@ -54,3 +56,23 @@ def test_head_is_get_without_the_body(base_url):
     assert head.status_code == get.status_code == 200
     assert head.content == b""
     assert head.headers["content-length"] == str(len(get.content))
+
+
+def _refused(base_url: str) -> dict[str, float]:
+    text = httpx2.get(f"{base_url}/metrics", timeout=30).text
+    prefix = 'deepring_http_refused_total{reason="'
+    return {
+        line[len(prefix) :].split('"')[0]: float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith(prefix)
+    }
+
+
+def test_requests_the_limits_refuse_are_counted_in_metrics(base_url):
+    before = _refused(base_url)
+    host, port = base_url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=30) as s:
+        s.sendall(b"GET / HTTP/1.1\r\nhost: x\r\nx-big: " + b"a" * (20 << 10) + b"\r\n\r\n")
+        assert s.recv(4096).startswith(b"HTTP/1.1 431 ")
+    after = _refused(base_url)
+    assert after.get("head_too_large", 0) == before.get("head_too_large", 0) + 1

@@ -72,6 +72,7 @@ def test_a_partial_head_gets_408_within_the_header_timeout(srv):
     assert status == 408
     assert headers["connection"] == "close"
     assert 0.4 < took < 3
+    assert srv.call(lambda: dict(srv.server.refused)) == {"header_timeout": 1}
 
 
 def test_a_trickled_head_is_not_kept_alive_by_each_byte(srv):
@@ -104,6 +105,7 @@ def test_a_stalled_body_gets_408(srv):
     assert reply.startswith(b"HTTP/1.1 408 ")
     assert b"stopped arriving" in reply
     assert 0.4 < took < 3
+    assert srv.call(lambda: dict(srv.server.refused)) == {"body_timeout": 1}
 
 
 def test_idle_keep_alive_connections_are_closed(srv):
@@ -156,6 +158,7 @@ def test_connections_over_the_cap_get_503_and_close(routes, loop_kind):
         assert headers["connection"] == "close"
         assert "too many open connections" in json.loads(body)["error"]["message"]
         assert took < 1  # answered at once, not after the linger
+        assert srv.call(lambda: dict(srv.server.refused)) == {"connection_limit": 1}
         held.pop().close()
         deadline = time.monotonic() + 5
         while srv.call(lambda: len(srv.server.connections)) > 3:
@@ -279,6 +282,10 @@ def test_bad_heads_are_answered_and_closed(srv, data, status, caplog):
     assert b"connection: close" in reply
     assert "error" in json.loads(reply.partition(b"\r\n\r\n")[2])
     assert took < 3
+    want = {431: "head_too_large", 414: "head_too_large", 408: "header_timeout"}.get(
+        status, "malformed"
+    )
+    assert srv.call(lambda: dict(srv.server.refused)) == {want: 1}
     assert not [r for r in caplog.records if r.levelname in ("ERROR", "CRITICAL")]
 
 
@@ -442,6 +449,7 @@ def test_a_reader_that_never_reads_is_dropped(srv, routes):
     assert routes.disconnects == ["/flood"]
     assert routes.peak <= MAX_WRITE_BUFFER + (64 << 10)
     assert took < 10
+    assert srv.call(lambda: dict(srv.server.refused)) == {"slow_reader": 1}
 
 
 # ---- 4, 7, 9, 10: the frontend's App ---------------------------------------------------------

@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections import Counter
 from collections.abc import Awaitable, Callable
 
 from deepring.frontend.accept import Acceptor, loop_sheds_emfile
@@ -71,6 +72,9 @@ PROBE_INTERVAL = 1.0
 PROBE = b": ping\n\n"
 
 Handler = Callable[[HttpRequest], Awaitable[None]]
+# What deepring_http_refused_total calls a request refused with this status (others: malformed).
+_REFUSED_FOR = {413: "body_too_large", 414: "head_too_large", 431: "head_too_large"}
+
 # (path, status, message) -> JSON body of an error the server itself produces (400, 413, ...).
 ErrorBody = Callable[[str, int, str], bytes]
 
@@ -179,7 +183,7 @@ class HttpConnection(asyncio.Protocol):
                     break
                 self._dispatch(head)
         except HttpError as e:
-            self._fatal(e.status, e.message)
+            self._fatal(e.status, e.message, _REFUSED_FOR.get(e.status, "malformed"))
             return
         if self.active is None and self._eof and self._mode != _LINGER:
             self.close()  # the client sent all it will; what is left can never complete
@@ -275,10 +279,12 @@ class HttpConnection(asyncio.Protocol):
         if self._paused and (self.active is None or len(self._buf) <= MAX_PIPELINED_BYTES):
             self._resume()
 
-    def _fatal(self, status: int, message: str) -> None:
-        """Answer a request that cannot be parsed or accepted, then close the connection."""
+    def _fatal(self, status: int, message: str, reason: str) -> None:
+        """Answer a request that cannot be parsed or accepted, then close the connection.
+        reason: what the server's refusal counter calls it."""
         if self.transport is None or self.closed:
             return
+        self.server.refused[reason] += 1
         head = self._head
         body = self.server.error_body(head.path if head else "/", status, message)
         self.transport.write(
@@ -293,6 +299,7 @@ class HttpConnection(asyncio.Protocol):
         t = self.transport
         if t is None:
             return
+        srv.refused["connection_limit"] += 1
         if len(srv.turned_away) >= max(16, self.limits.max_connections // 8):
             t.abort()
             return
@@ -344,6 +351,7 @@ class HttpConnection(asyncio.Protocol):
         log.warning(
             "client read nothing for %.0fs; dropping its connection", self.limits.write_timeout
         )
+        self.server.refused["slow_reader"] += 1
         t.abort()
 
     def _send_probe(self) -> None:
@@ -422,9 +430,9 @@ class HttpConnection(asyncio.Protocol):
         elif mode == _IDLE:
             self.close()
         elif mode == _HEAD:
-            self._fatal(408, "the request head did not arrive in time")
+            self._fatal(408, "the request head did not arrive in time", "header_timeout")
         elif mode == _BODY:
-            self._fatal(408, "the request body stopped arriving")
+            self._fatal(408, "the request body stopped arriving", "body_timeout")
         elif self.transport is not None:  # _LINGER
             self.transport.abort()
 
@@ -450,6 +458,8 @@ class HttpServer:
         self.limits = limits or HttpLimits()
         self.connections: set[HttpConnection] = set()
         self.turned_away: set[HttpConnection] = set()  # over the cap, being answered 503
+        # Connections refused or dropped by the limits, by reason (deepring_http_refused_total).
+        self.refused: Counter[str] = Counter()
         self.loop: asyncio.AbstractEventLoop | None = None
         self._server: asyncio.AbstractServer | None = None
         self._acceptor: Acceptor | None = None

@@ -2,8 +2,8 @@
 
 Frontend-side: request counts by outcome, TTFT and TPOT histograms, prompt and generated token
 counters, generated tokens/s over a sliding window, queued requests, requests refused for their
-API key or a rate limit, ring messages dropped (by reason) and ring connections refused by
-CURVE. Worker-side gauges (queue length, running requests, KV blocks in use) and the workers'
+API key or a rate limit, HTTP requests and connections refused by the server's limits (by
+reason), ring messages dropped (by reason) and ring connections refused by CURVE. Worker-side gauges (queue length, running requests, KV blocks in use) and the workers'
 own dropped ring messages come from the workers' Stats reports.
 """
 
@@ -89,6 +89,9 @@ class Metrics:
         self.ring_dropped: dict[str, int] = {}  # the frontend's ipc.drops counters, by reason
         # CURVE handshakes the frontend's ZAP handler refused (set by the ring client).
         self.ring_auth_denied: Callable[[], int] = lambda: 0
+        # HTTP connections the server's limits refused or dropped, by reason (set by the
+        # server: frontend.http's HttpServer.refused).
+        self.http_refused: Callable[[], dict[str, int]] = dict
 
     def request_done(self, outcome: str) -> None:
         self.requests[outcome] = self.requests.get(outcome, 0) + 1
@@ -160,6 +163,15 @@ class Metrics:
             "counter",
             "Requests refused with 429 by a per-key rate limit.",
             [(f'{{limit="{k}"}}', v) for k, v in sorted(self.rate_limited.items())],
+        )
+        metric(
+            "deepring_http_refused_total",
+            "counter",
+            "HTTP requests and connections refused or dropped by the server's limits, by "
+            "reason: connection_limit (503), header_timeout and body_timeout (408), "
+            "head_too_large (414, 431), body_too_large (413), malformed (400 and other "
+            "unparsable requests), slow_reader (a response the client stopped reading).",
+            [(f'{{reason="{k}"}}', v) for k, v in sorted(self.http_refused().items())],
         )
         metric(
             "deepring_ring_dropped_frames_total",

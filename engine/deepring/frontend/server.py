@@ -54,6 +54,7 @@ async def serve(config: FrontendConfig, start_workers: StartWorkers | None = Non
         return 1
     app = App(config, client, metrics)
     http = HttpServer(app.handle, error_body, http_limits(config))
+    metrics.http_refused = lambda: dict(http.refused)
     stop = asyncio.Event()
     fatal: list[str] = []
 
