@@ -18,7 +18,12 @@ from e2e_helpers import Server
 
 pytestmark = pytest.mark.slow
 
-ARGS = ("--num-prefill", "2", "--num-decode", "2", "--max-num-seqs", "8", "--max-model-len", "1024")
+# Prefill steps of 64 tokens: a burst of new prompts takes the prefill workers many steps, so a
+# worker killed 0.3 s after the burst arrives still holds some (however fast the machine).
+ARGS = (
+    "--num-prefill", "2", "--num-decode", "2", "--max-num-seqs", "8", "--max-model-len", "1024",
+    "--prefill-max-num-batched-tokens", "64",
+)  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -37,11 +42,10 @@ def pool(tmp_path_factory, fault_env):
     assert s.stop() == 0, s.log()[-4000:]
 
 
-def _prompts(n: int, seed: int) -> list[str]:
+def _prompts(n: int, seed: int, words: tuple[int, int] = (20, 300)) -> list[str]:
     rng = random.Random(seed)
-    return [
-        " ".join(f"w{rng.randrange(900)}" for _ in range(rng.randrange(20, 300))) for _ in range(n)
-    ]
+    lengths = [rng.randrange(*words) for _ in range(n)]
+    return [" ".join(f"w{rng.randrange(900)}" for _ in range(k)) for k in lengths]
 
 
 def _stream(url: str, prompt: str, max_tokens: int, started: threading.Event | None = None):
@@ -76,7 +80,7 @@ def _run_all(
         futs = [ex.submit(_stream, url, p, max_tokens, started) for p in prompts]
         if fault is not None:
             if early:
-                time.sleep(0.3)
+                time.sleep(0.05)
             else:
                 assert started.wait(120), "no stream started"
             fault()
@@ -103,6 +107,12 @@ def _busiest(server: Server, role: str) -> int:
     return max(ws, key=lambda w: w["running_requests"] + w["queue_length"])["pid"]
 
 
+def _holding(server: Server, role: str) -> bool:
+    """Whether a worker of `role` reports requests in its queue or batch."""
+    ws = [w for w in server.health()["workers"] if w["role"] == role]
+    return any(w["running_requests"] + w["queue_length"] for w in ws)
+
+
 def _wait_all_up(server: Server, timeout: float = 120.0) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -115,17 +125,28 @@ def _wait_all_up(server: Server, timeout: float = 120.0) -> None:
 
 @pytest.mark.parametrize("role", ["decode", "prefill"])
 def test_a_killed_worker_is_invisible_to_its_streams(pool, role):
-    prompts = _prompts(4, seed=1 if role == "decode" else 2)
-    want = _run_all(pool.url, prompts, 24)
+    early = role == "prefill"
+    # Long prompts when the kill must land in prefill: many 64-token steps each.
+    prompts = _prompts(4, seed=2, words=(250, 400)) if early else _prompts(4, seed=1)
+    # The fault-free run goes second when the kill must land in prefill: run first, it would
+    # leave the prompts in the prefix cache, and the faulty run's prefill would be over before
+    # the kill.
+    want = None if early else _run_all(pool.url, prompts, 24)
     rerouted = pool.metric("deepring_requests_rerouted_total")
 
     seen = []
 
     def kill() -> None:
+        deadline = time.monotonic() + 5
+        while not _holding(pool, role) and time.monotonic() < deadline:
+            time.sleep(0.01)  # until the workers' load reports show the burst
         os.kill(_busiest(pool, role), signal.SIGKILL)
         seen.append(_wait_status(pool, "degraded"))
 
-    got = _run_all(pool.url, prompts, 24, fault=kill, early=role == "prefill")
+    got = _run_all(pool.url, prompts, 24, fault=kill, early=early)
+    if want is None:
+        _wait_all_up(pool)
+        want = _run_all(pool.url, prompts, 24)
     assert got == want
     assert pool.metric("deepring_requests_rerouted_total") > rerouted
     # While the worker restarted the server said it was degraded, and kept serving (200).
