@@ -287,8 +287,12 @@ class HttpConnection(asyncio.Protocol):
         self.server.refused[reason] += 1
         head = self._head
         body = self.server.error_body(head.path if head else "/", status, message)
+        # A 405 must say which methods are allowed (RFC 9110 15.5.6): here, for a method no
+        # route takes (CONNECT), the ones the server's routes use.
+        extra = "allow: GET, HEAD, POST, OPTIONS\r\n" if status == 405 else ""
         self.transport.write(
-            _error_head(status, len(body)) + (b"" if head and head.method == "HEAD" else body)
+            _error_head(status, len(body), extra)
+            + (b"" if head and head.method == "HEAD" else body)
         )
         self._linger()
 

@@ -3,8 +3,9 @@
 Frontend-side: request counts by outcome, TTFT and TPOT histograms, prompt and generated token
 counters, generated tokens/s over a sliding window, queued requests, requests refused for their
 API key or a rate limit, HTTP requests and connections refused by the server's limits (by
-reason), ring messages dropped (by reason) and ring connections refused by CURVE. Worker-side gauges (queue length, running requests, KV blocks in use) and the workers'
-own dropped ring messages come from the workers' Stats reports.
+reason), ring messages dropped (by reason) and ring connections refused by CURVE.
+Worker-side gauges (queue length, running requests, KV blocks in use) and the workers' own
+dropped ring messages come from the workers' Stats reports.
 """
 
 from __future__ import annotations
