@@ -3,7 +3,8 @@
 A constraint is a grammar in llguidance's Lark dialect (JSON Schemas inline as `%json {...}`,
 special tokens by id as `<[128822]>`), built and validated once by the frontend
 (`structured.build`), so a worker only compiles it. It travels in `Submit` and `Handoff` as a
-typed map (`to_wire` / `from_wire`), and its size is checked on arrival (`ipc.validate`).
+typed map (`to_wire` / `from_wire`), and its size is checked on arrival
+(`ipc.validate.constraint_problem`).
 """
 
 from __future__ import annotations
@@ -32,11 +33,8 @@ class Constraint:
             raise ValueError(f"constraint kind must be one of {KINDS}, got {self.kind!r:.40}")
         if not isinstance(self.grammar, str) or not self.grammar:
             raise ValueError("a constraint needs a grammar")
-        if len(self.grammar) > MAX_GRAMMAR_CHARS:
-            raise ValueError(
-                f"the output constraint's grammar has {len(self.grammar)} characters "
-                f"(limit {MAX_GRAMMAR_CHARS})"
-            )
+        # Its size is bounded where one is built (structured.build) and where one arrives
+        # (ipc.validate.constraint_problem, so a worker answers with an error, not a drop).
 
     def to_wire(self) -> dict[str, Any]:
         return {"kind": self.kind, "grammar": self.grammar}

@@ -91,7 +91,9 @@ def json_grammar(schema: Any, reasoning: bool, markers: Markers) -> str:
 
 
 def regex_grammar(regex: str, reasoning: bool, markers: Markers) -> str:
-    return wrap([f"answer: {regex_terminal(regex)}"], reasoning, markers)
+    """\\d and \\w are ASCII, as in JSON Schema patterns (a Unicode \\d depends on the Unicode
+    version of the regex engine: Rust's and Python's disagree on new digits)."""
+    return wrap([f"answer: {regex_terminal(regex, 'dw')}"], reasoning, markers)
 
 
 @lru_cache(maxsize=512)

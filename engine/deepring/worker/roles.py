@@ -25,6 +25,7 @@ import zmq
 from deepring.cache.transfer import CacheState
 from deepring.core.engine import EngineCore
 from deepring.ipc.messages import Abort, Handoff, Message, Submit, Tokens
+from deepring.ipc.validate import constraint_problem
 
 log = logging.getLogger("deepring.worker")
 
@@ -142,9 +143,16 @@ class PrefillRole(Role):
         if not 0 <= msg.num_output < len(ids):
             self._reject(msg.rid, f"request rejected by {self.worker_id}: bad num_output")
             return
+        problem = constraint_problem(msg.constraint)
+        if problem is not None:
+            self._reject(msg.rid, f"the request was rejected: {problem}")
+            return
         cut = len(ids) - msg.num_output
         try:
-            self.engine.add(msg.rid, ids[:cut], msg.sampling, msg.seed, msg.cache_class, ids[cut:])
+            self.engine.add(
+                msg.rid, ids[:cut], msg.sampling, msg.seed, msg.cache_class, ids[cut:],
+                constraint=msg.constraint,
+            )  # fmt: skip
         except ValueError as e:
             # The client sees why, not which worker (the frontend's checks should have caught
             # it; this log line says where it was not).
@@ -200,6 +208,7 @@ class PrefillRole(Role):
                 cache_class=req.cache_class,
                 slot_state=state.slot_state,
                 block_state=state.block_state,
+                constraint=req.constraint,
             )
             try:
                 self.link.handoff(target.addr, msg)
@@ -270,6 +279,10 @@ class DecodeRole(Role):
                 failed.error(h.rid, f"{self.worker_id} has no room for a request of this size")
                 continue
             self.pending.popleft()
+            problem = constraint_problem(h.constraint)
+            if problem is not None:
+                failed.error(h.rid, f"handoff rejected by {self.worker_id}: {problem}")
+                continue
             try:
                 eng.admit(
                     h.rid,
@@ -280,6 +293,7 @@ class DecodeRole(Role):
                     h.seed,
                     CacheState(h.slot_state, h.block_state),
                     h.cache_class,
+                    constraint=h.constraint,
                 )
             except ValueError as e:
                 failed.error(h.rid, f"handoff rejected by {self.worker_id}: {e}")
