@@ -90,7 +90,11 @@ def test_required_tool_calls_are_well_formed_and_valid(openai_client, stream):
     _, calls, finish = _create(
         openai_client, stream, tools=[TOOL], tool_choice="required", temperature=1.0, seed=3
     )
-    assert finish == "tool_calls"
+    if finish == "length":
+        # A random model may chain invokes until max_tokens: the last one can be cut short.
+        calls = calls[:-1]
+    else:
+        assert finish == "tool_calls"
     assert calls
     for name, args in calls:
         assert name == "get_weather"
