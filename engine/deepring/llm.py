@@ -4,6 +4,11 @@ Prompts may be token ids, text (tokenised with the model's tokenizer, BOS prepen
 request bodies (OpenAI Chat Completions JSON, rendered through deepring_recipe). All prompts are
 queued at once and served with continuous batching: as requests finish, waiting ones join the
 running batch.
+
+Structured output: `generate(..., constraints=...)` takes a `Constraint` (for every prompt) or
+one per prompt (None: unconstrained), made with `deepring.structured.build`: `json_schema(schema)`
+(None: any JSON object), `regex(pattern)`, `lark(grammar)`. A chat request body brings its own
+(response_format, tool_choice: as the server enforces it) unless one is given for it.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from deepring.config import EngineSpec
 from deepring.core.build import build_engine
 from deepring.sampling.params import SamplingParams
 from deepring.sampling.sampler import splitmix64
+from deepring.structured.constraint import Constraint
 
 if TYPE_CHECKING:
     from deepring.protocol.prepare import Recipe
@@ -88,6 +94,7 @@ class LLM:
                 from deepring.protocol.tokenizer import load_tokenizer
 
                 self.tokenizer = load_tokenizer(tok_file)
+                self.engine.tokenizer_path = tok_file
             elif tokenizer is not None:
                 raise ValueError(f"no tokenizer.json at {tok_file}")
         self._recipe: Recipe | None = None
@@ -97,23 +104,28 @@ class LLM:
     # ---- prompts -------------------------------------------------------------------------------
 
     def encode(self, prompt: Prompt) -> list[int]:
+        return self._encode(prompt)[0]
+
+    def _encode(self, prompt: Prompt) -> tuple[list[int], Constraint | None]:
+        """The prompt's ids, and the constraint a chat body brings."""
         if isinstance(prompt, dict):
             return self._chat_ids(prompt)
         if isinstance(prompt, str):
             ids = self._require_tokenizer().encode(prompt)
             bos = self.config.bos_token_id
-            return ([bos] if bos is not None else []) + ids
+            return ([bos] if bos is not None else []) + ids, None
         if isinstance(prompt, (list, tuple)) and all(
             isinstance(t, int) and not isinstance(t, bool) for t in prompt
         ):
-            return list(prompt)
+            return list(prompt), None
         raise ValueError(
             f"a prompt is text, a list of token ids or a chat request body, got {prompt!r:.80}"
         )
 
-    def _chat_ids(self, body: dict[str, Any]) -> list[int]:
+    def _chat_ids(self, body: dict[str, Any]) -> tuple[list[int], Constraint | None]:
         """A Chat Completions body rendered with this model's template (the body's `model`
-        must name this model). Its sampling fields are not used: generate's are."""
+        must name this model), and its output constraint. Its sampling fields are not used:
+        generate's are."""
         from deepring.protocol.errors import ApiError
         from deepring.protocol.formats import PromptFormat
         from deepring.protocol.prepare import CHAT, Recipe
@@ -122,7 +134,7 @@ class LLM:
             fmt = PromptFormat.of_model_type(self.config.model_type)
             self._recipe = Recipe(self._require_tokenizer(), [self.name], fmt)
         try:
-            return self._recipe.encode(CHAT, body)
+            return self._recipe.encode_constrained(CHAT, body)
         except ApiError as e:
             raise ValueError(f"chat request rejected: {e.message}") from None
 
@@ -138,8 +150,11 @@ class LLM:
         prompts: Prompt | Sequence[Prompt],
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
         *,
+        constraints: Constraint | Sequence[Constraint | None] | None = None,
         use_tqdm: bool = False,
     ) -> list[RequestOutput]:
+        """Generate for every prompt. constraints: the grammar each output must match (one for
+        all, or one per prompt; see the module's doc)."""
         if isinstance(prompts, (str, dict)) or (
             isinstance(prompts, (list, tuple))
             and prompts
@@ -156,13 +171,20 @@ class LLM:
         )
         if len(params) != len(prompts):
             raise ValueError(f"{len(params)} sampling params for {len(prompts)} prompts")
-        encoded = [self.encode(p) for p in prompts]
+        given = (
+            [constraints] * len(prompts)
+            if constraints is None or isinstance(constraints, Constraint)
+            else list(constraints)
+        )
+        if len(given) != len(prompts):
+            raise ValueError(f"{len(given)} constraints for {len(prompts)} prompts")
+        encoded = [self._encode(p) for p in prompts]
         order = []
         try:
-            for ids, p in zip(encoded, params, strict=True):
+            for (ids, own), p, c in zip(encoded, params, given, strict=True):
                 n = next(self._counter)
                 seed = p.seed if p.seed is not None else splitmix64(self._seed * 1_000_003 + n)
-                order.append(self.engine.add(n, ids, p, seed))
+                order.append(self.engine.add(n, ids, p, seed, constraint=c or own))
         except ValueError:
             for req in order:  # all or nothing: a bad prompt leaves no request behind
                 self.engine.abort(req.rid)

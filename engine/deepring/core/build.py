@@ -108,6 +108,7 @@ def build_engine(spec: EngineSpec, *, progress: bool = False, loaded=None) -> Bu
         vocab_size=config.vocab_size,
         eos_token_ids=config.eos_token_ids,
     )
+    engine.tokenizer_path = _tokenizer_in(path)  # what output constraints compile against
     if spec.prefix_cache and model is not None:
         store = open_stores(spec)
         prefix = engine.enable_prefix_cache(

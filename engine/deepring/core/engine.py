@@ -12,9 +12,11 @@ Request ids are integers, chosen by the caller.
 
 from __future__ import annotations
 
+import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 from deepring.cache.allocator import BlockAllocator, SlotAllocator
 from deepring.cache.pool import CacheConfig, KVCachePool
@@ -25,6 +27,9 @@ from deepring.core.request import Request, Status
 from deepring.core.runner import Runner
 from deepring.core.scheduler import Scheduler, SchedulerConfig
 from deepring.sampling.params import SamplingParams
+from deepring.structured.constraint import Constraint
+
+log = logging.getLogger("deepring.engine")
 
 
 @dataclass
@@ -62,6 +67,10 @@ class EngineCore:
         self.num_generated = 0
         self.step_seconds = 0.0  # total wall time inside step()
         self.prefix: PrefixCache | None = None
+        # Structured output: the tokenizer.json constrained requests compile against (set by
+        # build_engine), and the compiler, made on the first constrained request.
+        self.tokenizer_path: Path | None = None
+        self._grammars = None
 
     @property
     def pool(self) -> KVCachePool | None:
@@ -115,11 +124,13 @@ class EngineCore:
         seed: int,
         cache_class: str = "chat",
         output_ids: list[int] | None = None,
+        constraint: Constraint | None = None,
     ) -> Request:
         """A new request, prefilled from its longest cached prefix (or from scratch).
         cache_class: how long the store keeps its blocks ("chat" | "agent", see
         PrefixConfig). output_ids: tokens it already generated elsewhere (a request resumed
-        after a fault: it continues with the next one). ValueError when it cannot be served."""
+        after a fault: it continues with the next one). constraint: the grammar its output
+        must match (structured output). ValueError when it cannot be served."""
         self._check(rid, prompt_ids)
         if len(prompt_ids) + params.max_tokens > self.max_model_len:
             raise ValueError(
@@ -136,7 +147,8 @@ class EngineCore:
             raise ValueError(f"output token ids out of range [0, {self.vocab_size}): {bad[:5]}")
         req = Request(
             rid=rid, prompt_ids=list(prompt_ids), params=params, seed=seed,
-            cache_class=cache_class, output_ids=done,
+            cache_class=cache_class, output_ids=done, constraint=constraint,
+            grammar=self._grammar_state(constraint, done),
         )  # fmt: skip
         if self.prefix is not None:
             self.prefix.plan(req)
@@ -167,9 +179,11 @@ class EngineCore:
         seed: int,
         state: CacheState,
         cache_class: str = "chat",
+        constraint: Constraint | None = None,
     ) -> Request:
         """Join a request prefilled elsewhere to the running batch. ValueError when its state
-        does not fit this engine (check `can_admit` first for room)."""
+        does not fit this engine (check `can_admit` first for room) or its output so far does
+        not match its constraint."""
         self._check(rid, token_ids)
         if not 0 < prompt_len <= len(token_ids) or not 0 < num_cached <= len(token_ids):
             raise ValueError("handoff token counts are inconsistent")
@@ -180,6 +194,7 @@ class EngineCore:
         num_blocks = state.num_blocks
         if self.blocks_for(num_cached) != num_blocks:
             raise ValueError(f"{num_cached} cached tokens cannot fill {num_blocks} blocks")
+        grammar = self._grammar_state(constraint, token_ids[prompt_len:])
         slot = self.slots.allocate()
         blocks = self.blocks.allocate(num_blocks)
         try:
@@ -199,12 +214,29 @@ class EngineCore:
             blocks=blocks,
             status=Status.RUNNING,
             cache_class=cache_class if cache_class in CACHE_CLASSES else "chat",
+            constraint=constraint,
+            grammar=grammar,
         )
         if self.prefix is not None:
             self.prefix.adopt(req)
         self.requests[rid] = req
         self.scheduler.running.append(req)
         return req
+
+    def _grammar_state(self, constraint: Constraint | None, output_ids: Sequence[int]):
+        """The matcher of a constrained request that has generated output_ids (None without a
+        constraint). ValueError when it cannot be enforced here."""
+        if constraint is None:
+            return None
+        if self._grammars is None:
+            if self.tokenizer_path is None:
+                raise ValueError("this engine has no tokenizer to enforce output constraints with")
+            from deepring.structured.runtime import GrammarCompiler
+
+            self._grammars = GrammarCompiler(
+                self.tokenizer_path, self.vocab_size, sorted(self.eos_token_ids)
+            )
+        return self._grammars.state(constraint, output_ids)
 
     def export(self, req: Request) -> CacheState:
         if req.slot is None:
@@ -267,6 +299,11 @@ class EngineCore:
             if tok is not None:
                 self.num_generated += 1
                 req.output_ids.append(tok)
+                if req.grammar is not None and not req.grammar.advance(tok):
+                    # Only a runner that does not mask (the zero-cost one) gets here: the
+                    # request goes on unconstrained rather than failing.
+                    log.warning("request %s left its constraint: %s", req.rid, req.grammar.error)
+                    req.grammar = None
                 reason = self._stop_reason(req, tok)
                 if reason is not None:
                     self.finish(req, reason)

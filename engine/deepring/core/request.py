@@ -7,6 +7,7 @@ from enum import Enum
 from typing import Any
 
 from deepring.sampling.params import SamplingParams
+from deepring.structured.constraint import Constraint
 
 
 class Status(Enum):
@@ -40,6 +41,10 @@ class Request:
     fetch: Any = None  # the store read-ahead in flight (a Future)
     fetched: dict[bytes, bytes] | None = None  # its result, until admission
     ring_pending: tuple[bytes, bytearray] | None = None  # latest output ring snapshot
+    # Structured output: the constraint (travels with the request) and its matcher here
+    # (structured.runtime.GrammarState, consumed every output token so far).
+    constraint: Constraint | None = None
+    grammar: Any = None
 
     @property
     def num_tokens(self) -> int:

@@ -34,6 +34,7 @@ class ModelRunner:
         self.sampler = Sampler()
         self.block_size = pool.cache.block_size
         self.window = pool.layout.window
+        self.masks = None  # structured.runtime.TokenMasks, made for the first constrained step
 
     def step(self, scheduled: list[Scheduled]) -> list[int | None]:
         """Feed each request its chunk; returns the sampled token of every request whose chunk
@@ -62,12 +63,24 @@ class ModelRunner:
             chunks, self.model.rope_tables(), self.block_size, self.model.device
         )
         sampling = [s for s, c in zip(scheduled, completes, strict=True) if c]
+        # Constrained rows (structured output): their token masks are computed while the model
+        # runs, then applied to the logits; a greedy one keeps the argmax-only head's token when
+        # its grammar allows it and is otherwise recomputed from its own logits, masked.
+        pending = self._start_masks(sampling)
         greedy = all(s.request.params.greedy for s in sampling)
-        out_step = self.model(batch, self.pool, greedy=greedy)
+        try:
+            out_step = self.model(batch, self.pool, greedy=greedy)
+        finally:
+            if pending is not None:
+                self.masks.wait(pending)  # never leave a helper thread holding the matchers
         tokens: list[int] = []
         if sampling and greedy:
             tokens = out_step.greedy.tolist()
+            if pending is not None:
+                tokens = self.masks.fix_greedy(tokens, pending, self._logits_of(out_step.last))
         elif sampling:
+            if pending is not None:
+                self.masks.apply(out_step.logits, pending)
             tokens = self.sampler(
                 out_step.logits,
                 [s.request.params for s in sampling],
@@ -80,6 +93,28 @@ class ModelRunner:
             s.request.num_cached += s.num_tokens
             out.append(next(it) if c else None)
         return out
+
+    def _logits_of(self, last: torch.Tensor):
+        """(rows, token ids or None) -> those rows' logits of those tokens (or all)."""
+
+        @torch.inference_mode()
+        def logits(rows: list[int], ids: torch.Tensor | None) -> torch.Tensor:
+            h = last[rows]
+            if ids is None:
+                return self.model.logits(h)
+            return self.model.logits_for(h, ids.to(h.device))
+
+        return logits
+
+    def _start_masks(self, sampling: list[Scheduled]):
+        states = [s.request.grammar for s in sampling]
+        if all(g is None for g in states):
+            return None
+        if self.masks is None:
+            from deepring.structured.runtime import TokenMasks
+
+            self.masks = TokenMasks(self.model.config.vocab_size)
+        return self.masks.start(states)
 
 
 def cpu_setup(threads: int | None) -> None:

@@ -203,6 +203,7 @@ class App:
                 prep.seed,
                 self.limits.metered(key, sink),
                 _cache_class(req, prep),
+                prep.constraint,
             )
         except Overloaded as e:
             prep.processor.close()

@@ -47,6 +47,7 @@ from deepring.ipc.messages import Abort, Health, Message, Shutdown, Stats, Submi
 from deepring.routing.prefix_estimate import PrefixEstimate
 from deepring.routing.registry import WorkerRegistry, WorkerState
 from deepring.sampling.params import SamplingParams
+from deepring.structured.constraint import Constraint
 
 log = logging.getLogger("deepring.frontend")
 
@@ -133,9 +134,11 @@ class EngineClient:
         seed: int,
         sink: Sink,
         cache_class: str = "chat",
+        constraint: Constraint | None = None,
     ) -> int:
         """Queue a request; its output goes to `sink`. cache_class: the prefix cache's TTL
-        class ("chat" | "agent"). Raises Overloaded when full."""
+        class ("chat" | "agent"). constraint: the grammar its output must match (structured
+        output). Raises Overloaded when full."""
         limit = self.registry.capacity + self.config.max_queued_requests
         if len(self.requests) >= limit:
             raise Overloaded(
@@ -153,6 +156,7 @@ class EngineClient:
             arrival=time.monotonic(),
             queued_at=time.monotonic(),
             cache_class=cache_class,
+            constraint=constraint,
         )
         st.uncached = len(prompt_ids) - self._cached_estimate(st.prompt_ids)
         self.requests[rid] = st
@@ -198,6 +202,7 @@ class EngineClient:
             decode_addr=d.info.get("handoff_addr") or "",
             cache_class=st.cache_class,
             num_output=len(st.output_ids),
+            constraint=st.constraint,
         )
         if not self._send(p.id, msg):
             return False

@@ -8,6 +8,7 @@ from typing import Protocol
 import numpy as np
 
 from deepring.sampling.params import SamplingParams
+from deepring.structured.constraint import Constraint
 
 
 class Overloaded(Exception):
@@ -63,6 +64,9 @@ class RequestState:
     started: bool = False
     first_at: float = 0.0
     touched: bool = False
+    # The output constraint: every (re)submission carries it, and the resumed output so far
+    # already matches it (the worker's matcher consumes it first).
+    constraint: Constraint | None = None
 
     def submitted_ids(self) -> np.ndarray:
         """What a prefill worker computes: the prompt, then the output so far (a request

@@ -49,8 +49,8 @@ def _spec(cls: type[Message]) -> tuple[list, list, dict[str, Any]]:
             frames.append((f.name, kind))
             continue
         struct = f.metadata.get("struct")
-        if struct is not None:  # travels in the header as a map
-            scalars.append((f.name, (dict,)))
+        if struct is not None:  # travels in the header as a map (or nil when optional)
+            scalars.append((f.name, (dict, type(None)) if f.metadata.get("optional") else (dict,)))
             structs[f.name] = struct
             continue
         base = str(f.type).split("[", 1)[0].strip()
@@ -80,7 +80,7 @@ def encode(msg: Message) -> list[Any]:
     header: dict[str, Any] = {"t": cls.TYPE, "v": cls.VERSION}
     for name, _ in scalars:
         value = getattr(msg, name)
-        header[name] = value.to_wire() if name in structs else value
+        header[name] = value.to_wire() if name in structs and value is not None else value
     out: list[Any] = [msgpack.packb(header, use_bin_type=True)]
     for name, kind in frames:
         value = getattr(msg, name)
@@ -118,6 +118,8 @@ def decode_strict(frames: Sequence[Any]) -> Message:
             raise MessageError(f"{tag}.{name}: expected {types[0].__name__}, got {value!r:.60}")
         kwargs[name] = float(value) if types == _SCALARS["float"] else value
     for name, struct in structs.items():
+        if kwargs[name] is None:  # an optional struct (the codec's types allowed nil)
+            continue
         try:
             kwargs[name] = struct.from_wire(kwargs[name])
         except (ValueError, TypeError) as e:

@@ -26,9 +26,12 @@ from typing import ClassVar
 import numpy as np
 
 from deepring.sampling.params import SamplingParams
+from deepring.structured.constraint import Constraint
 
 # A typed map field: encoded with the class's to_wire, decoded (and validated) by from_wire.
 SAMPLING = {"struct": SamplingParams}
+# The same, and None (msgpack nil) when the request has none.
+CONSTRAINT = {"struct": Constraint, "optional": True}
 
 # Payload kinds: "ids" is an int32 token-id array, "raw" opaque bytes.
 IDS = "ids"
@@ -45,10 +48,11 @@ class Message:
 class Submit(Message):
     """A new request for a prefill worker, with the decode worker it must hand off to.
     prompt_ids ends with the num_output tokens the request already generated (a request
-    resumed on another worker after a fault), 0 for a new one."""
+    resumed on another worker after a fault), 0 for a new one. constraint: the grammar its
+    output must match (structured output; the resumed output so far already does)."""
 
     TYPE: ClassVar[str] = "submit"
-    VERSION: ClassVar[int] = 4
+    VERSION: ClassVar[int] = 5
     rid: int
     prompt_ids: np.ndarray = field(metadata={"frame": IDS})
     sampling: SamplingParams = field(metadata=SAMPLING)
@@ -58,6 +62,7 @@ class Submit(Message):
     decode_addr: str  # its handoff endpoint
     cache_class: str  # prefix-cache TTL class: "chat" | "agent"
     num_output: int  # trailing tokens of prompt_ids that are output already (a resumed request)
+    constraint: Constraint | None = field(default=None, metadata=CONSTRAINT)
 
 
 @dataclass(frozen=True, eq=False)
@@ -67,11 +72,12 @@ class Handoff(Message):
     token_ids = prompt + the tokens sampled so far (the first one); the cache holds the first
     num_cached of them. slot_state is the request's window ring and compressor tails,
     block_state its paged-cache blocks: self-describing, checksummed records of
-    cache.transfer (which name the pool layout they fit).
+    cache.transfer (which name the pool layout they fit). constraint: as in Submit (the decode
+    worker rebuilds the matcher from it and the tokens sampled so far).
     """
 
     TYPE: ClassVar[str] = "handoff"
-    VERSION: ClassVar[int] = 4
+    VERSION: ClassVar[int] = 5
     rid: int  # the request's id at the frontend that owns it
     # That frontend's incarnation (its Health gen), which tells a decode worker serving several
     # frontends whose request this is; 0 when the prefill worker had not heard it yet.
@@ -86,6 +92,7 @@ class Handoff(Message):
     cache_class: str  # prefix-cache TTL class of the request ("chat" | "agent")
     slot_state: bytes = field(metadata={"frame": RAW})
     block_state: bytes = field(metadata={"frame": RAW})
+    constraint: Constraint | None = field(default=None, metadata=CONSTRAINT)
 
 
 @dataclass(frozen=True, eq=False)

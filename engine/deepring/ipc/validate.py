@@ -20,6 +20,7 @@ from typing import Any
 
 from deepring.config import ROLES, check_address
 from deepring.ipc.messages import HEALTH_STATES, Health, Stats, Tokens
+from deepring.structured.constraint import MAX_GRAMMAR_CHARS, Constraint
 
 _ROUTE = re.compile(rb"(prefill|decode)-(\d{1,6})/([0-9a-f]{1,16})")
 # Metric label and name material: what a prefix-cache counter may be called.
@@ -197,4 +198,18 @@ def tokens_problem(msg: Tokens, vocab_size: int | None) -> str | None:
         return "cache_hits entries are not [rid, tokens]"
     if not _pairs(msg.errors, (_rid, _is_text)):
         return "errors entries are not [rid, message]"
+    return None
+
+
+def constraint_problem(constraint: Constraint | None) -> str | None:
+    """Whether the output constraint a Submit or Handoff carries is one a worker may compile:
+    its grammar within the size the frontend builds (a worker answers a bad one with an error
+    for the request; the codec has already checked its kind and types)."""
+    if constraint is None:
+        return None
+    if len(constraint.grammar) > MAX_GRAMMAR_CHARS:
+        return (
+            f"its output constraint has {len(constraint.grammar)} characters of grammar "
+            f"(limit {MAX_GRAMMAR_CHARS})"
+        )
     return None

@@ -42,6 +42,9 @@ class StepOutput:
     logits: torch.Tensor | None  # [R, vocab] fp32, rows = batch.logits_rows (None if greedy)
     hidden: torch.Tensor | None = None  # [T, hc, D] final streams (for MTP), when requested
     greedy: torch.Tensor | None = None  # [R] argmax token ids, when asked for instead of logits
+    # [R, hc, D] the logits rows' final streams, with greedy (`DeepseekV4.logits` of a few of
+    # them is what a constrained row whose argmax the grammar refuses needs)
+    last: torch.Tensor | None = None
 
 
 class DeepseekV4(nn.Module):
@@ -72,6 +75,12 @@ class DeepseekV4(nn.Module):
         y = self.model.norm(self.model.hc_head(h))
         return self.lm_head(y).float()
 
+    def logits_for(self, h: torch.Tensor, token_ids: torch.Tensor) -> torch.Tensor:
+        """The logits of only `token_ids` ([k]) for rows h ([n, hc, D]): [n, k] fp32 (a few
+        allowed tokens of a constrained row cost a sliver of the whole vocabulary's head)."""
+        y = self.model.norm(self.model.hc_head(h))
+        return torch.nn.functional.linear(y, self.lm_head.weight.index_select(0, token_ids)).float()
+
     def prepare_greedy_head(self) -> None:
         """Build the greedy head's low-precision weight copy now, not in the first greedy step."""
         self._greedy.prepare(self.lm_head.weight)
@@ -99,7 +108,9 @@ class DeepseekV4(nn.Module):
         last = h[batch.logits_rows]
         hidden = h if return_hidden else None
         if greedy:
-            return StepOutput(logits=None, hidden=hidden, greedy=self.greedy_tokens(last))
+            return StepOutput(
+                logits=None, hidden=hidden, greedy=self.greedy_tokens(last), last=last
+            )
         return StepOutput(logits=self.logits(last), hidden=hidden)
 
     @torch.inference_mode()

@@ -41,6 +41,9 @@ from deepring.protocol.errors import ApiError
 from deepring.protocol.formats import PromptFormat
 from deepring.protocol.tokenizer import max_token_bytes
 from deepring.sampling.params import SamplingParams
+from deepring.structured import build as structured
+from deepring.structured.constraint import Constraint
+from deepring.structured.grammar import GrammarError, Markers
 
 ProtocolRequest = ChatCompletionRequest | ResponsesRequest | MessagesRequest
 ProtocolResponse = type[ChatCompletionResponse] | type[ResponsesResponse] | type[MessagesResponse]
@@ -79,6 +82,9 @@ class Prepared:
     # The prefix cache's TTL class: "agent" when the request declares tools, else "chat"
     # (the X-DeepRing-Cache-Class header overrides it; see docs/configuration.md).
     cache_class: str = "chat"
+    # The grammar the output must match (response_format json / regex, tool_choice; see
+    # structured.build), None when unconstrained.
+    constraint: Constraint | None = None
 
 
 @dataclass
@@ -135,6 +141,12 @@ class Recipe:
         self.max_token_bytes = (
             None if isinstance(tokenizer, Tokenizer) else max_token_bytes(tokenizer)
         )
+        # The special tokens output-constraint grammars name (structured.grammar).
+        self.markers = Markers(
+            think_end=self.tokenizer.token_to_id("</think>"),
+            dsml=self.tokenizer.token_to_id("｜DSML｜"),
+            v41=prompt_format is PromptFormat.V41,
+        )
 
     def _convert(self, api: Api, body: bytes | str | dict) -> _Converted:
         try:
@@ -175,9 +187,25 @@ class Recipe:
                 "length of the messages.",
             )
 
+    def _constraint(self, conv: ConversationRequest) -> Constraint | None:
+        """The request's output constraint, validated: one llguidance cannot compile is a
+        400 naming the problem (never a worker's error)."""
+        try:
+            return structured.for_request(conv, self.markers)
+        except GrammarError as e:
+            raise ApiError(400, f"Invalid output constraint: {e}") from None
+
     def encode(self, api: Api, body: bytes | str | dict) -> list[int]:
         """The prompt token ids of a request body. ApiError when it cannot be served."""
         return self._encode(self._convert(api, body).conv)
+
+    def encode_constrained(
+        self, api: Api, body: bytes | str | dict
+    ) -> tuple[list[int], Constraint | None]:
+        """The prompt token ids of a request body and its output constraint."""
+        conv = self._convert(api, body).conv
+        constraint = self._constraint(conv)
+        return self._encode(conv), constraint
 
     def prepare(self, api: Api, body: bytes | str | dict, max_model_len: int) -> Prepared:
         """Parse, convert, encode; resolve limits and sampling; build the stream processor.
@@ -185,6 +213,7 @@ class Recipe:
         c = self._convert(api, body)
         if isinstance(body, (bytes, str)) and len(body) > BOUND_CHECK_BYTES:
             self._check_length_bound(c.conv.conversation, max_model_len)
+        constraint = self._constraint(c.conv)
         prompt_ids = self._encode(c.conv)
         conv = c.conv
         try:
@@ -227,4 +256,5 @@ class Recipe:
             seed=int(seed),
             processor=processor,
             cache_class="agent" if conv.conversation.tools else "chat",
+            constraint=constraint,
         )

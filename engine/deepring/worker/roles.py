@@ -26,6 +26,7 @@ import zmq
 from deepring.cache.transfer import CacheState
 from deepring.core.engine import EngineCore
 from deepring.ipc.messages import Abort, Handoff, Message, Submit, Tokens
+from deepring.ipc.validate import constraint_problem
 from deepring.worker.origins import Origins
 
 log = logging.getLogger("deepring.worker")
@@ -206,9 +207,17 @@ class PrefillRole(Role):
         if local is None:
             self._reject(link, msg.rid, f"{self.worker_id} already holds this request id")
             return
+        problem = constraint_problem(msg.constraint)
+        if problem is not None:
+            self.origins.pop(local)
+            self._reject(link, msg.rid, f"the request was rejected: {problem}")
+            return
         cut = len(ids) - msg.num_output
         try:
-            self.engine.add(local, ids[:cut], msg.sampling, msg.seed, msg.cache_class, ids[cut:])
+            self.engine.add(
+                local, ids[:cut], msg.sampling, msg.seed, msg.cache_class, ids[cut:],
+                constraint=msg.constraint,
+            )  # fmt: skip
         except ValueError as e:
             # The client sees why, not which worker (the frontend's checks should have caught
             # it; this log line says where it was not).
@@ -263,6 +272,7 @@ class PrefillRole(Role):
                 cache_class=req.cache_class,
                 slot_state=state.slot_state,
                 block_state=state.block_state,
+                constraint=req.constraint,
             )
             try:
                 self.link.handoff(target.addr, msg)
@@ -381,6 +391,11 @@ class DecodeRole(Role):
                 self.origins.pop(local)
                 continue
             self.pending.popleft()
+            problem = constraint_problem(h.constraint)
+            if problem is not None:
+                failed.error(local, f"handoff rejected by {self.worker_id}: {problem}")
+                self.origins.pop(local)
+                continue
             try:
                 eng.admit(
                     local,
@@ -391,6 +406,7 @@ class DecodeRole(Role):
                     h.seed,
                     CacheState(h.slot_state, h.block_state),
                     h.cache_class,
+                    constraint=h.constraint,
                 )
             except ValueError as e:
                 failed.error(local, f"handoff rejected by {self.worker_id}: {e}")

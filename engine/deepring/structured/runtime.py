@@ -1,0 +1,254 @@
+"""The worker side of structured output: compiled grammars, per-request matchers, and the
+batched token mask applied to the logits before sampling.
+
+- `GrammarCompiler` (one per engine): llguidance's tokenizer view of the served tokenizer (built
+  once per process and tokenizer file: ~0.6 s for the 129k-token V4 vocabulary) and an LRU of
+  compiled grammars. A request's matcher is a copy of its grammar's compiled matcher (a few
+  microseconds) that then consumes the request's output so far: a request resumed elsewhere
+  (handoff to decode, reroute after a fault) rebuilds exactly the state it had. Compiling is
+  bounded in time by llguidance's limits (`_LIMITS`): a grammar past them is an error.
+- `GrammarState`: one request's matcher; it advances with each token the engine appends (only
+  sampled tokens: prompt chunks never reach it, and a preempted request keeps its state while
+  its cache is recomputed).
+- `TokenMasks`: each step, the bitmask of every constrained row, computed by llguidance's
+  parallel executor on a helper thread while the model runs (llguidance releases the GIL), then
+  applied in place to those logits rows (-inf for disallowed tokens).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+
+import llguidance
+import numpy as np
+import torch
+
+from deepring.structured.constraint import Constraint
+
+log = logging.getLogger("deepring.structured")
+
+# Per-compile and per-step bounds. Defaults of llguidance 1.9 except a smaller initial lexer
+# fuel (~10 ms of regex work instead of ~20 ms): a compile happens on the step loop.
+_LIMITS = dict(initial_lexer_fuel=500_000, step_lexer_fuel=200_000, step_max_items=50_000)
+
+# A refused greedy row with at most this many allowed tokens computes only their logits.
+_SPARSE_TOKENS = 4096
+
+_TOKENIZERS: dict[tuple[str, int, tuple[int, ...]], llguidance.LLTokenizer] = {}
+_TOKENIZERS_LOCK = threading.Lock()
+
+
+def llg_tokenizer(path: str | Path, vocab_size: int, eos_ids: Sequence[int]):
+    """llguidance's tokenizer for a tokenizer.json, shared by every engine of the process."""
+    key = (str(path), int(vocab_size), tuple(eos_ids))
+    with _TOKENIZERS_LOCK:
+        tok = _TOKENIZERS.get(key)
+        if tok is None:
+            eos = list(eos_ids) or None
+            tok = llguidance.LLTokenizer(str(path), n_vocab=vocab_size, eos_token=eos)
+            _TOKENIZERS[key] = tok
+        return tok
+
+
+class GrammarState:
+    """One request's matcher."""
+
+    __slots__ = ("error", "matcher")
+
+    def __init__(self, matcher: llguidance.LLMatcher) -> None:
+        self.matcher = matcher
+        self.error: str | None = None
+
+    def advance(self, token: int) -> bool:
+        """Consume a sampled token; False (and `error` set) when the grammar refuses it."""
+        if self.error is None and not self.matcher.consume_token(token):
+            self.error = self.matcher.get_error() or f"token {token} is not allowed here"
+        return self.error is None
+
+
+class GrammarCompiler:
+    def __init__(
+        self,
+        tokenizer_path: str | Path,
+        vocab_size: int,
+        eos_ids: Sequence[int],
+        cache_size: int = 128,
+    ) -> None:
+        self.tokenizer = llg_tokenizer(tokenizer_path, vocab_size, eos_ids)
+        self.vocab_size = vocab_size
+        self.cache_size = cache_size
+        self._compiled: OrderedDict[str, llguidance.LLMatcher] = OrderedDict()
+        self._limits = llguidance.LLParserLimits(**_LIMITS)
+        self.compiles = 0
+        self.hits = 0
+
+    def compiled(self, grammar: str) -> llguidance.LLMatcher:
+        """The fresh matcher of `grammar` (cached, least recently used out). ValueError when
+        it does not compile."""
+        m = self._compiled.get(grammar)
+        if m is not None:
+            self._compiled.move_to_end(grammar)
+            self.hits += 1
+            return m
+        m = llguidance.LLMatcher(self.tokenizer, grammar, log_level=0, limits=self._limits)
+        if m.is_error():
+            raise ValueError(f"the output constraint does not compile: {m.get_error()}")
+        self.compiles += 1
+        self._compiled[grammar] = m
+        while len(self._compiled) > self.cache_size:
+            self._compiled.popitem(last=False)
+        return m
+
+    def state(self, constraint: Constraint, output_ids: Sequence[int] = ()) -> GrammarState:
+        """A matcher for `constraint` that has consumed `output_ids` (what the request already
+        generated). ValueError when the grammar does not compile or refuses those tokens."""
+        m = self.compiled(constraint.grammar).deep_copy()
+        if output_ids and not m.consume_tokens(list(output_ids)):
+            raise ValueError(
+                f"the output so far does not match the {constraint.kind} constraint: "
+                f"{m.get_error()}"
+            )
+        return GrammarState(m)
+
+
+class TokenMasks:
+    """The token bitmask of a step's constrained rows and its application to the logits."""
+
+    def __init__(self, vocab_size: int, threads: int | None = None) -> None:
+        self.vocab_size = vocab_size
+        self.words = (vocab_size + 31) // 32
+        self.executor = llguidance.LLExecutor(num_threads=threads)
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="grammar-masks")
+        self._buf = np.zeros((0, self.words), dtype=np.int32)
+        self._shifts: dict[torch.device, torch.Tensor] = {}
+        self.seconds = 0.0  # wall time spent waiting for masks after the model ran
+        self.compute_seconds = 0.0  # wall time the helper thread spent computing masks
+        self.steps = 0  # steps with a constrained row
+        self.rows = 0  # rows masked
+
+    def start(self, states: Sequence[GrammarState | None]) -> Future | None:
+        """Begin computing the masks of the rows with a state (on a helper thread); None when no
+        row has one. Call `apply` (or `wait`) before the states advance."""
+        rows = [(i, s) for i, s in enumerate(states) if s is not None]
+        if not rows:
+            return None
+        n = len(states)
+        if self._buf.shape[0] < n:
+            self._buf = np.zeros((max(n, 2 * self._buf.shape[0]), self.words), dtype=np.int32)
+        buf = self._buf
+        pairs = [(s.matcher, i) for i, s in rows]
+
+        def compute() -> list[int]:
+            t0 = time.perf_counter()
+            self.executor.unsafe_compute_mask_ptr(
+                pairs, buf.ctypes.data, self.words * 4, buf.shape[0]
+            )
+            self.compute_seconds += time.perf_counter() - t0
+            return [i for i, _ in rows]
+
+        self.steps += 1
+        return self._pool.submit(compute)
+
+    def wait(self, pending: Future | None) -> None:
+        """Wait for the masks of `start` (the time the model did not hide is counted)."""
+        if pending is not None and not pending.done():
+            t0 = time.perf_counter()
+            pending.result()
+            self.seconds += time.perf_counter() - t0
+
+    def _bits(self, row: int) -> np.ndarray:
+        """Row `row` of the last masks as one bool per token id (vocab_size)."""
+        packed = self._buf[row].view(np.uint8)
+        return np.unpackbits(packed, bitorder="little")[: self.vocab_size].view(np.bool_)
+
+    def allows(self, row: int, token: int) -> bool:
+        word = int(self._buf[row, token >> 5])
+        return 0 <= token < self.vocab_size and bool((word >> (token & 31)) & 1)
+
+    @torch.inference_mode()
+    def apply(self, logits: torch.Tensor, pending: Future | None, rows=None) -> None:
+        """Wait for the masks of `start` and set every disallowed logit of those rows to -inf,
+        in place. logits: [rows, >= vocab_size] (columns past the vocabulary are disallowed).
+        rows: (mask row, logits row) pairs when logits holds only some rows (default: the
+        mask rows, same index)."""
+        if pending is None:
+            return
+        self.wait(pending)
+        if rows is None:
+            rows = [(i, i) for i in pending.result()]
+        self.rows += len(rows)
+        v = self.vocab_size
+        if logits.is_cuda:
+            # One elementwise pass on the device beats moving index lists there.
+            self._apply_dense(logits, rows)
+            return
+        # On CPU a full pass over 129k logits per row costs more than the step's other vocabulary
+        # work: touch only the few allowed (sparse masks) or the few refused (dense ones).
+        for m, r in rows:
+            bits = self._bits(m)
+            row = logits[r]
+            row[v:] = float("-inf")
+            allowed = int(np.count_nonzero(bits))
+            if 2 * allowed < v:
+                keep = torch.from_numpy(np.flatnonzero(bits))
+                kept = row.index_select(0, keep)
+                row[:v] = float("-inf")
+                row.index_copy_(0, keep, kept)
+            elif allowed < v:
+                row.index_fill_(0, torch.from_numpy(np.flatnonzero(~bits)), float("-inf"))
+
+    def _apply_dense(self, logits: torch.Tensor, rows) -> None:
+        dev = logits.device
+        shifts = self._shifts.get(dev)
+        if shifts is None:
+            shifts = self._shifts[dev] = torch.arange(32, dtype=torch.int32, device=dev)
+        src = torch.tensor([r for r, _ in rows], dtype=torch.long)
+        dst = torch.tensor([r for _, r in rows], dtype=torch.long, device=dev)
+        words = torch.from_numpy(self._buf[src.numpy()]).to(dev, non_blocking=True)
+        allowed = ((words.unsqueeze(-1) >> shifts) & 1).view(len(rows), -1).bool()
+        v = min(logits.shape[1], allowed.shape[1])
+        masked = logits.index_select(0, dst)
+        masked[:, :v].masked_fill_(~allowed[:, :v], float("-inf"))
+        masked[:, v:] = float("-inf")
+        logits.index_copy_(0, dst, masked)
+
+    def fix_greedy(self, tokens: list[int], pending: Future | None, head) -> list[int]:
+        """Greedy tokens of a step whose rows took the argmax-only head: a constrained row
+        keeps its argmax when the grammar allows it (it is then also the masked argmax: the
+        first maximum among the allowed tokens); otherwise the argmax of its allowed tokens'
+        logits. head(rows, token_ids): logits [len(rows), len(token_ids) or vocab] of those rows
+        (token_ids None: the whole vocabulary). Few allowed tokens (a JSON structure position)
+        take only their own logits; many (inside a string) a full row, masked. Rows are those
+        of `start`."""
+        if pending is None:
+            return tokens
+        self.wait(pending)
+        dense, sparse = [], []
+        for i in pending.result():
+            if self.allows(i, tokens[i]):
+                continue
+            allowed = np.flatnonzero(self._bits(i))
+            if len(allowed) == 0:
+                continue  # a matcher in error: the engine drops its constraint on advance
+            self.rows += 1
+            (dense if len(allowed) > _SPARSE_TOKENS else sparse).append((i, allowed))
+        if sparse:
+            # One head call for every sparse row, over the union of their allowed tokens.
+            union = np.unique(np.concatenate([a for _, a in sparse]))
+            logits = head([i for i, _ in sparse], torch.from_numpy(union))
+            for (i, allowed), row in zip(sparse, logits, strict=True):
+                cols = torch.from_numpy(np.searchsorted(union, allowed))
+                tokens[i] = int(allowed[int(row.index_select(0, cols).argmax())])
+        dense = [i for i, _ in dense]
+        if dense:
+            logits = head(dense, None)
+            self.apply(logits, pending, list(zip(dense, range(len(dense)), strict=True)))
+            for i, tok in zip(dense, logits.max(-1).indices.tolist(), strict=True):
+                tokens[i] = tok
+        return tokens
