@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
-from deepring.sampling.params import SamplingParams
+from deepring.sampling.params import SamplingParams, TokenLogprob
 
 
 class Status(Enum):
@@ -40,6 +40,9 @@ class Request:
     fetch: Any = None  # the store read-ahead in flight (a Future)
     fetched: dict[bytes, bytes] | None = None  # its result, until admission
     ring_pending: tuple[bytes, bytearray] | None = None  # latest output ring snapshot
+    # The log probabilities of the token the runner sampled this step, when params.logprobs
+    # asks for them (EngineCore.step takes them into the StepResult).
+    new_logprob: TokenLogprob | None = None
 
     @property
     def num_tokens(self) -> int:

@@ -62,18 +62,19 @@ class ModelRunner:
             chunks, self.model.rope_tables(), self.block_size, self.model.device
         )
         sampling = [s for s, c in zip(scheduled, completes, strict=True) if c]
-        greedy = all(s.request.params.greedy for s in sampling)
+        # The greedy head returns argmax ids only: a request with penalties or logprobs needs
+        # the full logits (for the whole step; the others' argmax is the same either way).
+        greedy = all(s.request.params.argmax_only for s in sampling)
         out_step = self.model(batch, self.pool, greedy=greedy)
         tokens: list[int] = []
         if sampling and greedy:
             tokens = out_step.greedy.tolist()
         elif sampling:
-            tokens = self.sampler(
-                out_step.logits,
-                [s.request.params for s in sampling],
-                [s.request.seed for s in sampling],
-                [s.request.num_tokens for s in sampling],
-            )
+            rows = [s.request for s in sampling]
+            sampled = self.sampler.sample(out_step.logits, rows)
+            tokens = sampled.tokens
+            for r, lp in zip(rows, sampled.logprobs, strict=True):
+                r.new_logprob = lp  # EngineCore.step hands it on with the token
         out: list[int | None] = []
         it = iter(tokens)
         for s, c in zip(scheduled, completes, strict=True):
