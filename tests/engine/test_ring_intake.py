@@ -236,7 +236,7 @@ class Sink:
     def start(self, cache_hit: int) -> None:
         raise AssertionError("no worker: nothing can start")
 
-    def tokens(self, ids, finish) -> bool:
+    def tokens(self, ids, finish, logprobs=None) -> bool:
         raise AssertionError("no worker: no tokens")
 
     def error(self, message: str, status: int = 500) -> None:

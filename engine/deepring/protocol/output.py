@@ -10,6 +10,7 @@ from __future__ import annotations
 from deepring_recipe import InferenceChunk, InferenceFinishReason, PromptUsage
 
 from deepring.protocol.prepare import Prepared
+from deepring.sampling.params import TokenLogprob
 
 
 def ready_events(prep: Prepared, cache_hit: int) -> list:
@@ -19,15 +20,22 @@ def ready_events(prep: Prepared, cache_hit: int) -> list:
 
 
 def token_events(
-    prep: Prepared, ids: list[int], finish: str | None, eos_ids: frozenset[int]
+    prep: Prepared,
+    ids: list[int],
+    finish: str | None,
+    eos_ids: frozenset[int],
+    logprobs: list[TokenLogprob] | None = None,
 ) -> tuple[list, bool]:
     """Events for new tokens (and the end, with finish "stop" | "length"); True when the
-    response is over (finished, or a stop sequence matched). RuntimeError from the processor
-    when the output cannot be processed."""
+    response is over (finished, or a stop sequence matched). logprobs: one per id, for a
+    request that asked for them (the processor attaches each to the text its token produced).
+    RuntimeError from the processor when the output cannot be processed."""
     proc = prep.processor
     if finish == "stop" and ids and ids[-1] in eos_ids:
         ids = ids[:-1]
-    events = proc.push(InferenceChunk.tokens(ids)) if ids else []
+        if logprobs:
+            logprobs = logprobs[:-1]
+    events = proc.push(InferenceChunk.tokens(ids, logprobs or None)) if ids else []
     if proc.finished:  # a stop sequence matched: the processor ended the stream itself
         return events, True
     if finish is not None:

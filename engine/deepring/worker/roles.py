@@ -25,6 +25,7 @@ import zmq
 from deepring.cache.transfer import CacheState
 from deepring.core.engine import EngineCore
 from deepring.ipc.messages import Abort, Handoff, Message, Submit, Tokens
+from deepring.sampling.params import TokenLogprob
 
 log = logging.getLogger("deepring.worker")
 
@@ -49,11 +50,28 @@ class TokensOut:
         self.finished: list[list] = []
         self.cache_hits: list[list] = []
         self.errors: list[list] = []
+        self.logprob_k: list[int] = []  # filled only once a token comes with log probabilities
+        self.logprobs: list[float] = []
+        self.top_ids: list[int] = []
+        self.top_logprobs: list[float] = []
 
-    def token(self, rid: int, offset: int, token: int) -> None:
+    def token(
+        self, rid: int, offset: int, token: int, logprobs: TokenLogprob | None = None
+    ) -> None:
+        if logprobs is not None and not self.logprob_k:
+            self.logprob_k = [-1] * len(self.rids)
         self.rids.append(rid)
         self.offsets.append(offset)
         self.ids.append(token)
+        if logprobs is not None:
+            lp, top = logprobs
+            self.logprob_k.append(len(top))
+            self.logprobs.append(lp)
+            for t, v in top:
+                self.top_ids.append(t)
+                self.top_logprobs.append(v)
+        elif self.logprob_k:
+            self.logprob_k.append(-1)
 
     def finish(self, rid: int, reason: str, total: int) -> None:
         self.finished.append([rid, reason, total])
@@ -73,6 +91,10 @@ class TokensOut:
             finished=self.finished,
             cache_hits=self.cache_hits,
             errors=self.errors,
+            logprob_k=self.logprob_k,
+            logprobs=np.asarray(self.logprobs, dtype=np.float32),
+            top_ids=np.asarray(self.top_ids, dtype=np.int32),
+            top_logprobs=np.asarray(self.top_logprobs, dtype=np.float32),
         )
 
 
@@ -171,7 +193,7 @@ class PrefillRole(Role):
                 continue
             req = r.request
             # Its output offset (0 unless it was resumed with tokens generated elsewhere).
-            out.token(req.rid, len(req.output_ids) - 1, r.new_token)
+            out.token(req.rid, len(req.output_ids) - 1, r.new_token, r.logprobs)
             out.cache_hits.append([req.rid, req.cache_hit])
             if r.finished:  # EOS or max_tokens=1: nothing left for a decode worker
                 out.finish(req.rid, req.finish_reason or "stop", len(req.output_ids))
@@ -295,7 +317,7 @@ class DecodeRole(Role):
                 continue
             req = r.request
             n = len(req.output_ids)
-            out.token(req.rid, n - 1, r.new_token)
+            out.token(req.rid, n - 1, r.new_token, r.logprobs)
             if r.finished:
                 out.finish(req.rid, req.finish_reason or "stop", n)
         self._send(out)
