@@ -135,3 +135,22 @@ def test_request_fields_reads_top_level_fields_only():
     assert request_fields(big, names) == {"min_p": 0.5, "top_k": 4}
     with pytest.raises(ValueError, match="invalid JSON request"):
         request_fields(b'{"top_k": ', names)
+
+
+def test_a_stop_token_id_ends_the_text_without_being_part_of_it(recipe):
+    from deepring.protocol.output import ready_events, token_events
+
+    hello = recipe.tokenizer.encode("Hello there")
+    stop = recipe.tokenizer.encode(" general")[0]
+    prep = _params(recipe, CHAT, stop_token_ids=[stop], logprobs=True)
+    resp = CHAT.response(prep.response_id, prep.model, prep.created, len(prep.prompt_ids), 0)
+    lps = [(-0.5, [])] * (len(hello) + 1)
+    events = ready_events(prep, 0)
+    more, over = token_events(prep, [*hello, stop], "stop", frozenset({1}), lps)
+    assert over
+    for e in events + more:
+        resp.accumulate(e)
+    body = json.loads(resp.to_json())
+    assert body["choices"][0]["message"]["content"] == "Hello there"
+    assert body["choices"][0]["finish_reason"] == "stop"
+    assert len(body["choices"][0]["logprobs"]["content"]) == len(hello)

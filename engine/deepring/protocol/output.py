@@ -1,8 +1,9 @@
 """A request's engine output (token ids, a finish reason) into its protocol events.
 
 The request's StreamProcessor does the decoding and the reasoning / content / tool-call parsing
-and matches stop sequences; this feeds it. The engine stops on EOS and keeps the EOS token in
-its output; the protocol layer would print it as text, so it is dropped here.
+and matches stop sequences; this feeds it. The engine stops on EOS or a stop token id and keeps
+that token in its output; the protocol layer would print it as text, so it is dropped here (as
+vLLM leaves a stop token out of the text; it is not counted in the usage either).
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ def token_events(
     request that asked for them (the processor attaches each to the text its token produced).
     RuntimeError from the processor when the output cannot be processed."""
     proc = prep.processor
-    if finish == "stop" and ids and ids[-1] in eos_ids:
+    if finish == "stop" and ids and (ids[-1] in eos_ids or ids[-1] in prep.params.stop_token_ids):
         ids = ids[:-1]
         if logprobs:
             logprobs = logprobs[:-1]
