@@ -493,10 +493,7 @@ class EngineClient:
             st.touched = False
             if st.rid not in self.requests:
                 continue
-            ids, st.ready_ids = st.ready_ids, []
-            logprobs = None
-            if st.params.logprobs is not None:
-                logprobs, st.ready_logprobs = st.ready_logprobs, []
+            ids, logprobs = st.take_ready()
             final = st.final
             finish = final[0] if final is not None and st.next_offset >= final[1] else None
             if not ids and finish is None:

@@ -88,6 +88,15 @@ class RequestState:
             self.stash[offset] = (ids, logprobs)
         # offset < next_offset: already delivered (a duplicate); drop it.
 
+    def take_ready(self) -> tuple[list[int], list[TokenLogprob] | None]:
+        """The tokens ready for the sink, and their log probabilities (None when the request
+        asked for none)."""
+        ids, self.ready_ids = self.ready_ids, []
+        if self.params.logprobs is None:
+            return ids, None
+        logprobs, self.ready_logprobs = self.ready_logprobs, []
+        return ids, logprobs
+
     def _take(self, ids: list[int], logprobs: list[TokenLogprob] | None) -> None:
         self.ready_ids.extend(ids)
         self.output_ids.extend(ids)
