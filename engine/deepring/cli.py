@@ -48,9 +48,13 @@ def _generate(args: argparse.Namespace) -> int:
             temperature=args.temperature,
             top_p=args.top_p,
             top_k=args.top_k,
+            min_p=args.min_p,
+            presence_penalty=args.presence_penalty,
+            frequency_penalty=args.frequency_penalty,
             seed=args.seed,
             max_tokens=args.max_tokens,
             ignore_eos=args.ignore_eos,
+            logprobs=args.logprobs,
         )
         llm = LLM(args.model, device=args.device, dtype=args.dtype, load_format=args.load_format)
         outputs = llm.generate(prompts, params)
@@ -66,6 +70,7 @@ def _generate(args: argparse.Namespace) -> int:
                         "token_ids": out.token_ids,
                         "text": out.text,
                         "finish_reason": out.finish_reason,
+                        **({"logprobs": out.logprobs} if out.logprobs is not None else {}),
                     },
                     ensure_ascii=False,
                 )
@@ -90,6 +95,13 @@ def _add_generate(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--top-k", type=int, default=-1)
+    p.add_argument("--min-p", type=float, default=0.0)
+    p.add_argument("--presence-penalty", type=float, default=0.0)
+    p.add_argument("--frequency-penalty", type=float, default=0.0)
+    p.add_argument(
+        "--logprobs", type=int, default=None, metavar="K",
+        help="with --json: each token's log probability and its K (0-20) likeliest alternatives",
+    )  # fmt: skip
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--ignore-eos", action="store_true")
     p.add_argument("--device", default=None, help="cpu | cuda (default: cuda when available)")

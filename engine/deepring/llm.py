@@ -26,7 +26,7 @@ import torch
 from deepring import env
 from deepring.config import EngineSpec
 from deepring.core.build import build_engine
-from deepring.sampling.params import SamplingParams
+from deepring.sampling.params import SamplingParams, TokenLogprob
 from deepring.sampling.sampler import splitmix64
 from deepring.structured.constraint import Constraint
 
@@ -43,6 +43,10 @@ class RequestOutput:
     token_ids: list[int]
     text: str | None  # None when the model has no tokenizer
     finish_reason: str  # "stop" | "length"
+    # With SamplingParams(logprobs=k): one (logprob, [(id, logprob)] x k) per output token, the
+    # sampled token's log probability and the k most likely tokens (sampling.sampler says of
+    # which distribution); None otherwise.
+    logprobs: list[TokenLogprob] | None = None
 
 
 class LLM:
@@ -191,9 +195,14 @@ class LLM:
             raise
         t0 = time.monotonic()
         done = 0
+        logprobs: dict[int, list[TokenLogprob]] = {
+            r.rid: [] for r in order if r.params.logprobs is not None
+        }
         while self.engine.has_work:
             for r in self.engine.step():
                 done += r.finished
+                if r.logprobs is not None:
+                    logprobs[r.request.rid].append(r.logprobs)
             if use_tqdm:
                 print(
                     f"\rgenerate: {done}/{len(order)} done, {time.monotonic() - t0:.1f}s",
@@ -210,6 +219,7 @@ class LLM:
                 token_ids=r.output_ids,
                 text=self.tokenizer.decode(r.output_ids) if self.tokenizer is not None else None,
                 finish_reason=r.finish_reason or "abort",
+                logprobs=logprobs.get(r.rid),
             )
             for r in order
         ]

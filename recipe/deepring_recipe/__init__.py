@@ -53,6 +53,7 @@ from ._native import (
     UserMessage,
     WebSearchBehavior,
     __version__,
+    request_fields,
 )
 
 __all__ = [
@@ -104,4 +105,5 @@ __all__ = [
     "UserMessage",
     "WebSearchBehavior",
     "__version__",
+    "request_fields",
 ]

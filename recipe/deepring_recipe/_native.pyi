@@ -55,6 +55,7 @@ __all__ = [
     "UserMessage",
     "WebSearchBehavior",
     "__version__",
+    "request_fields",
 ]
 
 _RequestBody: TypeAlias = bytes | str | dict[str, Any]
@@ -72,6 +73,12 @@ _Event: TypeAlias = ChatCompletionChunk | ResponsesStreamEvent | MessagesStreamE
 
 __version__: str
 IMAGE_SPECIAL_TOKEN_ID: int
+
+def request_fields(body: _RequestBody, names: Sequence[str]) -> dict[str, Any]:
+    """The named top-level fields of a request body (`bytes | str | dict`) that are present, as a
+    dict of Python values: what a server reads besides the protocol request (sampling extensions
+    such as `top_k`). Text bodies are scanned once without building the other values, with the
+    GIL released when large; ValueError for text that is not JSON."""
 
 class ConversionError(Exception):
     """Raised when a protocol request is invalid or cannot be converted."""

@@ -48,17 +48,25 @@ def _prompts(n: int, seed: int, words: tuple[int, int] = (20, 300)) -> list[str]
     return [" ".join(f"w{rng.randrange(900)}" for _ in range(k)) for k in lengths]
 
 
-def _stream(url: str, prompt: str, max_tokens: int, started: threading.Event | None = None):
-    """A streamed chat completion: (the text, the finish reason, chunks)."""
+def _stream(
+    url: str,
+    prompt: str,
+    max_tokens: int,
+    started: threading.Event | None = None,
+    sampling: dict | None = None,
+):
+    """A streamed chat completion: (the text, the finish reason), greedy unless `sampling`
+    says otherwise; with its log probabilities too when `sampling` asks for them."""
+    kw = sampling or {"temperature": 0}
     with openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=300) as c:
-        text, finish, n = [], None, 0
+        text, finish, n, lps = [], None, 0, []
         for chunk in c.chat.completions.create(
             model="tiny",
             messages=[{"role": "user", "content": prompt}],
             max_tokens=max_tokens,
-            temperature=0,
             stream=True,
             extra_body={"thinking": {"type": "disabled"}},
+            **kw,
         ):
             for ch in chunk.choices:
                 if ch.delta.content:
@@ -67,17 +75,26 @@ def _stream(url: str, prompt: str, max_tokens: int, started: threading.Event | N
                     if started is not None and n >= 3:
                         started.set()
                 finish = ch.finish_reason or finish
+                if ch.logprobs is not None:
+                    lps += [e.model_dump() for e in ch.logprobs.content or []]
+        if "logprobs" in kw:
+            return "".join(text), finish, lps
         return "".join(text), finish
 
 
 def _run_all(
-    url: str, prompts: list[str], max_tokens: int, fault=None, early: bool = False
+    url: str,
+    prompts: list[str],
+    max_tokens: int,
+    fault=None,
+    early: bool = False,
+    sampling: dict | None = None,
 ) -> list[tuple]:
     """Every prompt streamed at once; `fault()` runs once some streams are under way (early:
     as soon as they are submitted, while prompts are still being prefilled)."""
     started = threading.Event()
     with ThreadPoolExecutor(len(prompts)) as ex:
-        futs = [ex.submit(_stream, url, p, max_tokens, started) for p in prompts]
+        futs = [ex.submit(_stream, url, p, max_tokens, started, sampling) for p in prompts]
         if fault is not None:
             if early:
                 time.sleep(0.05)
@@ -155,6 +172,34 @@ def test_a_killed_worker_is_invisible_to_its_streams(pool, role):
     assert health["capacity"][role] == {"expected": 2, "ready": 1}
     _wait_all_up(pool)
     assert pool.metric("deepring_workers_ready", f'{{role="{role}"}}') == 2
+
+
+def test_a_killed_worker_keeps_seeded_sampling_penalties_and_logprobs(pool):
+    """Rerouted mid-stream, a sampled request with penalties continues with the same tokens
+    (its resubmitted output counts for the penalties on the new worker) and log probabilities
+    (recomputed there, so equal to float32 rounding)."""
+    sampling = {"temperature": 0.9, "seed": 7, "frequency_penalty": 1.0,
+                "presence_penalty": -0.5, "logprobs": True, "top_logprobs": 2}  # fmt: skip
+    prompts = _prompts(4, seed=6)
+    want = _run_all(pool.url, prompts, 24, sampling=sampling)
+    rerouted = pool.metric("deepring_requests_rerouted_total")
+    got = _run_all(
+        pool.url,
+        prompts,
+        24,
+        fault=lambda: os.kill(_busiest(pool, "decode"), signal.SIGKILL),
+        sampling=sampling,
+    )
+    assert pool.metric("deepring_requests_rerouted_total") > rerouted
+    for (text, finish, lps), (want_text, want_finish, want_lps) in zip(got, want, strict=True):
+        assert (text, finish) == (want_text, want_finish)
+        assert [e["token"] for e in lps] == [e["token"] for e in want_lps]
+        for e, w in zip(lps, want_lps, strict=True):
+            assert e["logprob"] == pytest.approx(w["logprob"], abs=1e-4)
+            # (values, not tokens: two alternatives within rounding may trade places)
+            got_top = [t["logprob"] for t in e["top_logprobs"]]
+            assert got_top == pytest.approx([t["logprob"] for t in w["top_logprobs"]], abs=1e-4)
+    _wait_all_up(pool)
 
 
 def test_a_frozen_worker_is_declared_dead_and_its_streams_go_on(pool):

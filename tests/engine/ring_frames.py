@@ -79,6 +79,20 @@ VALID = [
         dropped={},
     ),
     Shutdown(drain=False, timeout=0.0),
+    Tokens(
+        worker="decode-0",
+        rids=[7, 8],
+        offsets=[1, 0],
+        counts=[2, 1],
+        token_ids=np.array([5, 6, 9], dtype=np.int32),
+        finished=[],
+        cache_hits=[],
+        errors=[],
+        logprob_k=[1, -1],
+        logprobs=np.array([-0.25, -3.0], dtype=np.float32),
+        top_ids=np.array([5, 6], dtype=np.int32),
+        top_logprobs=np.array([-0.25, -3.0], dtype=np.float32),
+    ),
 ]
 HEADERS = [msgpack.unpackb(codec.encode(m)[0]) for m in VALID]
 PAYLOADS = [[bytes(f) for f in codec.encode(m)[1:]] for m in VALID]

@@ -246,7 +246,7 @@ class Sink:
     def start(self, cache_hit: int) -> None:
         self.got.append(("start", cache_hit))
 
-    def tokens(self, ids, finish) -> bool:
+    def tokens(self, ids, finish, logprobs=None) -> bool:
         self.got.append(("tokens", list(ids), finish))
         return False
 

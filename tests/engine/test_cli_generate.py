@@ -52,6 +52,20 @@ def test_generate_takes_chat_bodies(capsys, tmp_path, llm):
     assert rows[0]["prompt_token_ids"] == want.prompt_token_ids
 
 
+def test_generate_samples_with_penalties_and_reports_logprobs(capsys, llm):
+    argv = ["--ids", "0,5,6,7", "--max-tokens", "4", "--temperature", "0.8", "--seed", "3",
+            "--top-k", "40", "--min-p", "0.01", "--presence-penalty", "0.5",
+            "--frequency-penalty", "-0.5", "--logprobs", "2", "--json"]  # fmt: skip
+    code, out, _ = _run(capsys, *argv)
+    assert code == 0
+    row = json.loads(out)
+    p = SamplingParams(temperature=0.8, seed=3, top_k=40, min_p=0.01, presence_penalty=0.5,
+                       frequency_penalty=-0.5, max_tokens=4, logprobs=2)  # fmt: skip
+    want = llm.generate([[0, 5, 6, 7]], p)[0]
+    assert row["token_ids"] == want.token_ids
+    assert row["logprobs"] == [[lp, [list(t) for t in top]] for lp, top in want.logprobs]
+
+
 @pytest.mark.parametrize(
     ("argv", "message"),
     [

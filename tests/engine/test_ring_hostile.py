@@ -55,7 +55,7 @@ class Collect:
     def start(self, cache_hit: int) -> None:
         pass
 
-    def tokens(self, ids: list[int], finish: str | None) -> bool:
+    def tokens(self, ids: list[int], finish: str | None, logprobs=None) -> bool:
         self.ids += ids
         if finish is not None:
             self.done.set_result(("finished", finish))

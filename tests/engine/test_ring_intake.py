@@ -229,6 +229,44 @@ def test_tokens_must_line_up_and_stay_within_the_vocabulary(new_client):
     assert c.dropped["bad_tokens"] == len(bad)
 
 
+def test_log_probabilities_must_line_up_and_be_log_probabilities(new_client):
+    c = new_client()
+    c.feed(b"decode-0/5", _ready("decode-0", 5))
+    f32 = np.float32
+
+    def tokens(**kw) -> Tokens:
+        base = dict(worker="decode-0", rids=[1, 2], offsets=[0, 0], counts=[2, 1],
+                    token_ids=np.array([5, 6, 7], dtype=np.int32), finished=[], cache_hits=[],
+                    errors=[], logprob_k=[1, -1], logprobs=np.array([-0.5, -1.0], f32),
+                    top_ids=np.array([5, 9], dtype=np.int32),
+                    top_logprobs=np.array([-0.5, -0.75], f32))  # fmt: skip
+        return Tokens(**{**base, **kw})
+
+    bad = [
+        tokens(logprob_k=[1]),
+        tokens(logprob_k=[21, -1]),
+        tokens(logprob_k=[-2, -1]),
+        tokens(logprob_k=[True, -1]),
+        tokens(logprob_k=[2, -1]),  # 2 alternatives per token, but only 2 in all
+        tokens(logprob_k=[1, 0]),  # request 2's logprob is missing
+        tokens(logprobs=np.array([-0.5], f32)),
+        tokens(logprobs=np.array([-0.5, 0.5], f32)),
+        tokens(logprobs=np.array([-0.5, np.nan], f32)),
+        tokens(top_logprobs=np.array([-0.5, -np.inf], f32)),
+        tokens(top_logprobs=np.array([-0.5, -10000.0], f32)),
+        tokens(top_ids=np.array([5, 1000], dtype=np.int32)),
+        tokens(top_ids=np.array([5, -1], dtype=np.int32)),
+        tokens(logprob_k=[], logprobs=np.array([-0.5], f32)),
+    ]
+    for t in bad:
+        c.feed(b"decode-0/5", t)
+    assert c.dropped["bad_tokens"] == len(bad)
+    c.feed(b"decode-0/5", tokens())
+    none = {"logprobs": np.zeros(0, f32), "top_logprobs": np.zeros(0, f32)}
+    c.feed(b"decode-0/5", tokens(logprob_k=[], top_ids=np.zeros(0, np.int32), **none))
+    assert c.dropped["bad_tokens"] == len(bad)
+
+
 class Sink:
     def __init__(self) -> None:
         self.errors: list = []
@@ -236,7 +274,7 @@ class Sink:
     def start(self, cache_hit: int) -> None:
         raise AssertionError("no worker: nothing can start")
 
-    def tokens(self, ids, finish) -> bool:
+    def tokens(self, ids, finish, logprobs=None) -> bool:
         raise AssertionError("no worker: no tokens")
 
     def error(self, message: str, status: int = 500) -> None:
@@ -374,3 +412,53 @@ def test_random_frames_raise_nothing_in_a_worker(decode_link, message):
 
     msg = link._accept(message, _FROM_PREFILL, "fuzz")
     assert msg is None or isinstance(msg, Handoff)
+
+
+class RecordingSink(Sink):
+    def __init__(self) -> None:
+        super().__init__()
+        self.got: list = []
+
+    def start(self, cache_hit: int) -> None:
+        pass
+
+    def tokens(self, ids, finish, logprobs=None) -> bool:
+        self.got.append((ids, finish, logprobs))
+        return False
+
+
+def test_log_probabilities_reach_the_sink_with_their_tokens_in_order(new_client):
+    from deepring.sampling.params import SamplingParams
+
+    c = new_client()
+    c.feed(b"decode-0/5", _ready("decode-0", 5))
+    c.feed(b"prefill-0/6", _ready("prefill-0", 6))
+    f32 = np.float32
+    sinks, rids = [], []
+    for k in (1, None):
+        sinks.append(RecordingSink())
+        rids.append(c.c.submit([1, 2, 3], SamplingParams(max_tokens=4, logprobs=k), 0, sinks[-1]))
+        st_ = c.c.requests[rids[-1]]
+        st_.prefill, st_.decode, st_.stage = "prefill-0", "decode-0", "decode"  # as if sent
+    a, b = rids
+    # Offsets 1..2 of request a arrive before offset 0; request b asked for none.
+    late = Tokens("decode-0", [a, b], [1, 0], [2, 1], np.array([11, 12, 40], np.int32), [], [],
+                  [], [1, -1], np.array([-1.0, -2.0], f32), np.array([11, 3], np.int32),
+                  np.array([-1.0, -0.5], f32))  # fmt: skip
+    lp = np.array([-0.25], f32)
+    first = Tokens("decode-0", [a], [0], [1], np.array([10], np.int32), [], [], [], [1], lp,
+                   np.array([10], np.int32), lp)  # fmt: skip
+    c.feed(b"decode-0/5", late)
+    c.c._deliver()
+    c.feed(b"decode-0/5", first)
+    c.c._deliver()
+    assert sinks[0].got == [
+        ([10, 11, 12], None, [(-0.25, [(10, -0.25)]), (-1.0, [(11, -1.0)]), (-2.0, [(3, -0.5)])])
+    ]
+    assert sinks[1].got == [([40], None, None)]
+    # Tokens without the log probabilities their request asked for fail it, loudly.
+    bare = Tokens("decode-0", [a], [3], [1], np.array([13], np.int32), [], [], [])
+    c.feed(b"decode-0/5", bare)
+    assert len(sinks[0].errors) == 1
+    assert "log probabilities" in sinks[0].errors[0][1]
+    assert a not in c.c.requests

@@ -84,6 +84,20 @@ SAMPLES = [
         dropped={"malformed": 3},
     ),
     Shutdown(drain=True, timeout=30.0),
+    Tokens(
+        worker="prefill-1",
+        rids=[4, 5, 6],
+        offsets=[0, 3, 0],
+        counts=[2, 1, 1],
+        token_ids=np.array([21, 22, 23, 24], dtype=np.int32),
+        finished=[],
+        cache_hits=[[4, 128]],
+        errors=[],
+        logprob_k=[2, -1, 0],  # 2 alternatives; none asked; the sampled token's only
+        logprobs=np.array([-0.5, -1.25, -9999.0], dtype=np.float32),
+        top_ids=np.array([21, 7, 22, 8], dtype=np.int32),
+        top_logprobs=np.array([-0.5, -2.0, -1.25, -1.5], dtype=np.float32),
+    ),
 ]
 
 

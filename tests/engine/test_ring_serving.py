@@ -38,7 +38,7 @@ class Collect:
     def start(self, cache_hit: int) -> None:
         self.cache_hit = cache_hit
 
-    def tokens(self, ids: list[int], finish: str | None) -> bool:
+    def tokens(self, ids: list[int], finish: str | None, logprobs=None) -> bool:
         self.ids += ids
         if finish is not None:
             self.done.set_result(("finished", finish))

@@ -229,6 +229,25 @@ def test_sampling():
         assert got.tolist() == want.tolist()
 
 
+def test_sampling_with_masked_tokens():
+    """Rows whose logits hold -inf (min_p's cut and grammar masks send them): the kernel keeps
+    them out exactly as the reference does, at every filter."""
+    v = 40
+    logits = rand(6, v, seed=19, scale=2.0)
+    logits[:, ::3] = float("-inf")
+    logits[2, :-2] = float("-inf")  # one token left (38; 39 is masked too)
+    temp = torch.tensor([1.0, 0.0, 0.7, 1.3, 1.0, 0.5], device=DEV)
+    top_p = torch.tensor([1.0, 1.0, 0.8, 1.0, 0.5, 0.9], device=DEV)
+    top_k = torch.tensor([-1, -1, -1, 30, 12, 3], device=DEV)
+    for seed in range(5):
+        u = torch.rand(6, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+        u = u.to(DEV)
+        got = sampling.sample_triton(logits, temp, top_p, top_k, u, block=16)
+        want = sampling.sample_torch(logits, temp, top_p, top_k, u)
+        assert got.tolist() == want.tolist()
+        assert not any(t % 3 == 0 for t in got.tolist())
+
+
 def test_whole_model_through_triton_kernels(monkeypatch):
     """The model's forward with every kernel on the Triton path equals the reference path, for
     a chunked prefill followed by batched decode steps (CSA, HCA and sliding layers)."""

@@ -122,6 +122,7 @@ _MESSAGE = {
 # the setter takes a wider type; a callable is a dict of parameter -> annotation and "return".
 # Properties are emitted in the order listed here, then alphabetically.
 TYPES: dict[str, dict[str, Any]] = {
+    "": {"request_fields": {"names": "Sequence[str]", "return": "dict[str, Any]"}},
     "*": {
         "convert": {"return": "ConversationRequest"},
         "encode": {"return": "list[int]"},

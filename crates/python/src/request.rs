@@ -3,18 +3,18 @@
 use std::sync::Mutex;
 
 use deepring_recipe::request::chat::ChatCompletionRequest;
-use deepring_recipe::request::{ConversationRequest, ConversionOptions, RequestBody};
+use deepring_recipe::request::{pick_fields, ConversationRequest, ConversionOptions, RequestBody};
 use deepring_recipe::ConversionError;
 use deepring_recipe::RecipeError;
 use pyo3::exceptions::PyRuntimeError;
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyString};
+use pyo3::types::{PyBytes, PyDict, PyString};
 
 use crate::conversation::PyConversation;
 use crate::detach::maybe_detached;
 use crate::enums::PyModelVersion;
 use crate::errors;
-use crate::json::to_json;
+use crate::json::{to_json, to_py};
 use crate::options::{PyConversionOptions, PyInferenceOptions, PyParsingOptions};
 use crate::stream::{self, PyChatCompletionChunkGenerator};
 
@@ -184,9 +184,43 @@ impl PyChatCompletionRequest {
     }
 }
 
+/// The named top-level fields of a request body (`bytes | str | dict`) that are present, as a
+/// dict of Python values: what a server reads besides the protocol request (sampling extensions
+/// such as `top_k`). Text bodies are scanned once without building the other values, with the
+/// GIL released when large; ValueError for text that is not JSON.
+#[pyfunction]
+fn request_fields<'py>(
+    py: Python<'py>,
+    body: &Bound<'py, PyAny>,
+    names: Vec<String>,
+) -> PyResult<Bound<'py, PyDict>> {
+    let out = PyDict::new(py);
+    if let Ok(dict) = body.cast::<PyDict>() {
+        for name in &names {
+            if let Some(value) = dict.get_item(name)? {
+                out.set_item(name, value)?;
+            }
+        }
+        return Ok(out);
+    }
+    let names: Vec<&str> = names.iter().map(String::as_str).collect();
+    let picked = if let Ok(s) = body.cast::<PyString>() {
+        let text = s.to_str()?;
+        maybe_detached(py, text.len(), || pick_fields(text.as_bytes(), &names))
+    } else {
+        let bytes = body.cast::<PyBytes>()?.as_bytes();
+        maybe_detached(py, bytes.len(), || pick_fields(bytes, &names))
+    };
+    for (name, value) in picked.map_err(errors::recipe)? {
+        out.set_item(name, to_py(py, &value)?)?;
+    }
+    Ok(out)
+}
+
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyConversationRequest>()?;
     m.add_class::<PyChatCompletionRequest>()?;
+    m.add_function(wrap_pyfunction!(request_fields, m)?)?;
     Ok(())
 }
 
@@ -195,7 +229,7 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
 
 use crate::stream::{responses_echo, PyResponsesEcho};
 use deepring_recipe::request::responses::ResponsesRequest;
-use pyo3::types::{PyDict, PyTuple};
+use pyo3::types::PyTuple;
 
 #[pyclass(
     module = "deepring_recipe._native",

@@ -26,7 +26,7 @@ from deepring.core.prefix import PrefixCache, PrefixConfig, Store
 from deepring.core.request import Request, Status
 from deepring.core.runner import Runner
 from deepring.core.scheduler import Scheduler, SchedulerConfig
-from deepring.sampling.params import SamplingParams
+from deepring.sampling.params import SamplingParams, TokenLogprob
 from deepring.structured.constraint import Constraint
 
 log = logging.getLogger("deepring.engine")
@@ -37,6 +37,7 @@ class StepResult:
     request: Request
     new_token: int | None  # token sampled this step, if any
     finished: bool
+    logprobs: TokenLogprob | None = None  # the new token's, when its params ask for them
 
 
 class EngineCore:
@@ -296,6 +297,7 @@ class EngineCore:
         for s, tok in zip(scheduled, tokens, strict=True):
             req = s.request
             done = False
+            lp, req.new_logprob = req.new_logprob, None
             if tok is not None:
                 self.num_generated += 1
                 req.output_ids.append(tok)
@@ -308,7 +310,7 @@ class EngineCore:
                 if reason is not None:
                     self.finish(req, reason)
                     done = True
-            results.append(StepResult(req, tok, done))
+            results.append(StepResult(req, tok, done, lp))
         self.step_seconds += time.perf_counter() - t0
         return results
 

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
-from deepring.sampling.params import SamplingParams
+from deepring.sampling.params import SamplingParams, TokenLogprob
 from deepring.structured.constraint import Constraint
 
 
@@ -45,6 +45,9 @@ class Request:
     # (structured.runtime.GrammarState, consumed every output token so far).
     constraint: Constraint | None = None
     grammar: Any = None
+    # The log probabilities of the token the runner sampled this step, when params.logprobs
+    # asks for them (EngineCore.step takes them into the StepResult).
+    new_logprob: TokenLogprob | None = None
 
     @property
     def num_tokens(self) -> int:

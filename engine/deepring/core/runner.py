@@ -65,9 +65,11 @@ class ModelRunner:
         sampling = [s for s, c in zip(scheduled, completes, strict=True) if c]
         # Constrained rows (structured output): their token masks are computed while the model
         # runs, then applied to the logits; a greedy one keeps the argmax-only head's token when
-        # its grammar allows it and is otherwise recomputed from its own logits, masked.
+        # its grammar allows it and is otherwise recomputed from its own logits, masked. The
+        # greedy head returns argmax ids only: a request with penalties or logprobs needs the
+        # full logits (for the whole step; the others' argmax is the same either way).
         pending = self._start_masks(sampling)
-        greedy = all(s.request.params.greedy for s in sampling)
+        greedy = all(s.request.params.argmax_only for s in sampling)
         try:
             out_step = self.model(batch, self.pool, greedy=greedy)
         finally:
@@ -80,13 +82,12 @@ class ModelRunner:
                 tokens = self.masks.fix_greedy(tokens, pending, self._logits_of(out_step.last))
         elif sampling:
             if pending is not None:
-                self.masks.apply(out_step.logits, pending)
-            tokens = self.sampler(
-                out_step.logits,
-                [s.request.params for s in sampling],
-                [s.request.seed for s in sampling],
-                [s.request.num_tokens for s in sampling],
-            )
+                self.masks.apply(out_step.logits, pending)  # logprobs then include the masks
+            rows = [s.request for s in sampling]
+            sampled = self.sampler.sample(out_step.logits, rows)
+            tokens = sampled.tokens
+            for r, lp in zip(rows, sampled.logprobs, strict=True):
+                r.new_logprob = lp  # EngineCore.step hands it on with the token
         out: list[int | None] = []
         it = iter(tokens)
         for s, c in zip(scheduled, completes, strict=True):

@@ -4,8 +4,9 @@ The runner keeps the ModelRunner contract (feed each scheduled chunk, return a t
 chunk that completes its request's known tokens) but never touches a model or a cache: the token
 at position p of a request with seed s is a fixed function of (s, p), drawn from ordinary text so
 that the protocol layer decodes and parses it like real output. EOS is never produced; requests
-end at max_tokens (or when aborted). Scheduling, block accounting, handoffs and the rings all
-run as they do with a real model.
+end at max_tokens (or when aborted). Penalties do not apply; a request that asks for log
+probabilities gets 0 (certain) for each token. Scheduling, block accounting, handoffs and the
+rings all run as they do with a real model.
 """
 
 from __future__ import annotations
@@ -52,5 +53,13 @@ class ZeroCostRunner:
             r = s.request
             completes = s.completes
             r.num_cached += s.num_tokens
-            out.append(self.token_at(r.seed, r.num_tokens) if completes else None)
+            if not completes:
+                out.append(None)
+                continue
+            tok = self.token_at(r.seed, r.num_tokens)
+            k = r.params.logprobs
+            if k is not None:
+                # A canned token is certain: log probability 0, and no alternative.
+                r.new_logprob = (0.0, [(tok, 0.0)][:k])
+            out.append(tok)
         return out

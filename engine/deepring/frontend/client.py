@@ -40,7 +40,7 @@ import zmq
 from deepring.config import FrontendConfig
 from deepring.frontend.intake import RingIntake
 from deepring.frontend.metrics import Metrics
-from deepring.frontend.requests import Overloaded, RequestState, Sink
+from deepring.frontend.requests import LogprobReader, Overloaded, RequestState, Sink
 from deepring.ipc import sockets
 from deepring.ipc.curve import RingSecurity
 from deepring.ipc.messages import Abort, Health, Message, Shutdown, Stats, Submit, Tokens
@@ -451,18 +451,25 @@ class EngineClient:
         pos = 0
         requests = self.requests
         touched = self._touched
-        for rid, offset, count in zip(msg.rids, msg.offsets, msg.counts, strict=True):
+        lps = LogprobReader(msg) if msg.logprob_k else None
+        for i, (rid, offset, count) in enumerate(
+            zip(msg.rids, msg.offsets, msg.counts, strict=True)
+        ):
             st = requests.get(rid)
             chunk = ids[pos : pos + count]
             pos += count
+            logprobs = lps.take(i, count) if lps is not None else None
             if st is None or w.id not in (st.prefill, st.decode):
                 continue  # gone, or not this worker's request (a worker speaks for its own)
+            if (logprobs is None) != (st.params.logprobs is None):
+                self._fail(st, f"the {w.role} worker sent tokens without their log probabilities")
+                continue
             if st.stage == "prefill" and w.role == "prefill":
                 st.stage = "decode"  # the first token is in: the prompt is off w's queue
                 self.registry.prefilled(rid, st.uncached, w)
             elif w.role == "decode":
                 st.decode_heard = True  # the handoff arrived
-            st.add(offset, chunk.tolist())
+            st.add(offset, chunk.tolist(), logprobs)
             st.received += count
             self.registry.grew(rid, st.decode, count)
             if not st.touched:
@@ -496,7 +503,7 @@ class EngineClient:
             st.touched = False
             if st.rid not in self.requests:
                 continue
-            ids, st.ready_ids = st.ready_ids, []
+            ids, logprobs = st.take_ready()
             final = st.final
             finish = final[0] if final is not None and st.next_offset >= final[1] else None
             if not ids and finish is None:
@@ -508,7 +515,7 @@ class EngineClient:
                 st.sink.start(st.cache_hit)
             if ids:
                 metrics.tokens(len(ids), now)
-            done = st.sink.tokens(ids, finish)
+            done = st.sink.tokens(ids, finish, logprobs)
             if finish is not None or done:
                 self.requests.pop(st.rid, None)
                 self._release(st)

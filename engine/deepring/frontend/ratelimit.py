@@ -120,10 +120,10 @@ class _MeteredSink:
     def start(self, cache_hit: int) -> None:
         self.inner.start(cache_hit)
 
-    def tokens(self, ids: list[int], finish: str | None) -> bool:
+    def tokens(self, ids: list[int], finish: str | None, logprobs: list | None = None) -> bool:
         if ids:
             self.bucket.charge(len(ids), self.clock())
-        return self.inner.tokens(ids, finish)
+        return self.inner.tokens(ids, finish, logprobs)
 
     def error(self, message: str, status: int = 500) -> None:
         self.inner.error(message, status)

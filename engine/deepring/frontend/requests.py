@@ -7,7 +7,8 @@ from typing import Protocol
 
 import numpy as np
 
-from deepring.sampling.params import SamplingParams
+from deepring.ipc.messages import Tokens
+from deepring.sampling.params import SamplingParams, TokenLogprob
 from deepring.structured.constraint import Constraint
 
 
@@ -25,9 +26,12 @@ class Sink(Protocol):
     def start(self, cache_hit: int) -> None:
         """The first token is here; cache_hit prompt tokens were served from cache."""
 
-    def tokens(self, ids: list[int], finish: str | None) -> bool:
-        """New tokens, in order; finish ("stop" | "length") with the last ones. Returns True
-        when the sink needs no more (a stop sequence matched): the request is then aborted."""
+    def tokens(
+        self, ids: list[int], finish: str | None, logprobs: list[TokenLogprob] | None = None
+    ) -> bool:
+        """New tokens, in order; finish ("stop" | "length") with the last ones; logprobs, one
+        per id, when the request asked for them. Returns True when the sink needs no more (a
+        stop sequence matched): the request is then aborted."""
 
     def error(self, message: str, status: int = 500) -> None:
         """The request failed; nothing more will come. status: the HTTP status when nothing
@@ -59,7 +63,10 @@ class RequestState:
     next_offset: int = 0
     received: int = 0  # tokens received (in order or not), counted on the decode worker's load
     ready_ids: list[int] = field(default_factory=list)
-    stash: dict[int, list[int]] = field(default_factory=dict)
+    # One per ready id when the request asks for log probabilities (params.logprobs).
+    ready_logprobs: list[TokenLogprob] = field(default_factory=list)
+    # Tokens that came ahead of their turn: offset -> (ids, their log probabilities or None).
+    stash: dict[int, tuple[list[int], list[TokenLogprob] | None]] = field(default_factory=dict)
     final: tuple[str, int] | None = None
     started: bool = False
     first_at: float = 0.0
@@ -75,16 +82,56 @@ class RequestState:
             return self.prompt_ids
         return np.concatenate([self.prompt_ids, np.asarray(self.output_ids, dtype=np.int32)])
 
-    def add(self, offset: int, ids: list[int]) -> None:
+    def add(self, offset: int, ids: list[int], logprobs: list[TokenLogprob] | None = None) -> None:
+        """Tokens from output index `offset` on (logprobs: one per id, or None)."""
         if offset == self.next_offset:
-            self.ready_ids.extend(ids)
-            self.output_ids.extend(ids)
-            self.next_offset += len(ids)
+            self._take(ids, logprobs)
             while self.next_offset in self.stash:
-                more = self.stash.pop(self.next_offset)
-                self.ready_ids.extend(more)
-                self.output_ids.extend(more)
-                self.next_offset += len(more)
+                self._take(*self.stash.pop(self.next_offset))
         elif offset > self.next_offset:
-            self.stash[offset] = ids
+            self.stash[offset] = (ids, logprobs)
         # offset < next_offset: already delivered (a duplicate); drop it.
+
+    def take_ready(self) -> tuple[list[int], list[TokenLogprob] | None]:
+        """The tokens ready for the sink, and their log probabilities (None when the request
+        asked for none)."""
+        ids, self.ready_ids = self.ready_ids, []
+        if self.params.logprobs is None:
+            return ids, None
+        logprobs, self.ready_logprobs = self.ready_logprobs, []
+        return ids, logprobs
+
+    def _take(self, ids: list[int], logprobs: list[TokenLogprob] | None) -> None:
+        self.ready_ids.extend(ids)
+        self.output_ids.extend(ids)
+        self.next_offset += len(ids)
+        if logprobs is not None:
+            self.ready_logprobs.extend(logprobs)
+
+
+class LogprobReader:
+    """The log probabilities of a Tokens message (logprob_k set), entry by entry (see
+    ipc.messages.Tokens)."""
+
+    def __init__(self, msg: Tokens) -> None:
+        self.ks = msg.logprob_k
+        self.lps = msg.logprobs.tolist()
+        self.top_ids = msg.top_ids.tolist()
+        self.top_lps = msg.top_logprobs.tolist()
+        self.pos = 0
+        self.top = 0
+
+    def take(self, i: int, count: int) -> list[TokenLogprob] | None:
+        """Entry i's, one per token (None when it has none); entries are taken in order."""
+        k = self.ks[i]
+        if k < 0:
+            return None
+        out: list[TokenLogprob] = []
+        ids, lps, t = self.top_ids, self.top_lps, self.top
+        for j in range(count):
+            top = list(zip(ids[t : t + k], lps[t : t + k], strict=True))
+            out.append((self.lps[self.pos + j], top))
+            t += k
+        self.pos += count
+        self.top = t
+        return out

@@ -31,8 +31,10 @@ class _Base:
     def _ready_events(self, cache_hit: int) -> list:
         return ready_events(self.prep, cache_hit)
 
-    def _token_events(self, ids: list[int], finish: str | None) -> tuple[list, bool]:
-        return token_events(self.prep, ids, finish, self.eos_ids)
+    def _token_events(
+        self, ids: list[int], finish: str | None, logprobs: list | None
+    ) -> tuple[list, bool]:
+        return token_events(self.prep, ids, finish, self.eos_ids, logprobs)
 
 
 class SseSink(_Base):
@@ -65,11 +67,11 @@ class SseSink(_Base):
             return
         self.http.start_stream(headers=[("x-request-id", self.prep.response_id)], first=first)
 
-    def tokens(self, ids: list[int], finish: str | None) -> bool:
+    def tokens(self, ids: list[int], finish: str | None, logprobs: list | None = None) -> bool:
         if self.closed:
             return True
         try:
-            events, over = self._token_events(ids, finish)
+            events, over = self._token_events(ids, finish, logprobs)
         except RuntimeError as e:
             self._internal(e)
             return True
@@ -143,11 +145,11 @@ class JsonSink(_Base):
         for e in events:
             acc(e)
 
-    def tokens(self, ids: list[int], finish: str | None) -> bool:
+    def tokens(self, ids: list[int], finish: str | None, logprobs: list | None = None) -> bool:
         if self.closed:
             return True
         try:
-            events, over = self._token_events(ids, finish)
+            events, over = self._token_events(ids, finish, logprobs)
             self._accumulate(events)
         except RuntimeError as e:
             self._internal(e)

@@ -16,11 +16,14 @@ from typing import Any
 import msgpack
 import numpy as np
 
-from deepring.ipc.messages import IDS, MESSAGE_TYPES, Message
+from deepring.ipc.messages import F32, IDS, MESSAGE_TYPES, Message
 
 log = logging.getLogger("deepring.ipc")
 
 _IDS_DTYPE = np.dtype("<i4")
+_F32_DTYPE = np.dtype("<f4")
+# The numeric payload kinds and their element types.
+_ARRAYS = {IDS: _IDS_DTYPE, F32: _F32_DTYPE}
 
 
 class MessageError(ValueError):
@@ -65,10 +68,10 @@ for _cls in MESSAGE_TYPES:
     _REGISTRY[_cls.TYPE] = (_cls, *_spec(_cls))
 
 
-def _ids_buffer(value: Any) -> memoryview:
-    arr = np.ascontiguousarray(value, dtype=_IDS_DTYPE)
+def _array_buffer(value: Any, dtype: np.dtype) -> memoryview:
+    arr = np.ascontiguousarray(value, dtype=dtype)
     if arr.ndim != 1:
-        raise MessageError(f"token ids must be one-dimensional, got shape {arr.shape}")
+        raise MessageError(f"payload arrays must be one-dimensional, got shape {arr.shape}")
     return memoryview(arr).cast("B")
 
 
@@ -84,7 +87,8 @@ def encode(msg: Message) -> list[Any]:
     out: list[Any] = [msgpack.packb(header, use_bin_type=True)]
     for name, kind in frames:
         value = getattr(msg, name)
-        out.append(_ids_buffer(value) if kind == IDS else value)
+        dtype = _ARRAYS.get(kind)
+        out.append(_array_buffer(value, dtype) if dtype is not None else value)
     return out
 
 
@@ -131,10 +135,13 @@ def decode_strict(frames: Sequence[Any]) -> Message:
             buf = memoryview(frame)
         except TypeError:
             raise MessageError(f"{tag}.{name}: not a buffer") from None
-        if kind == IDS:
-            if buf.nbytes % _IDS_DTYPE.itemsize:
-                raise MessageError(f"{tag}.{name}: {buf.nbytes} bytes is not a whole int32 array")
-            kwargs[name] = np.frombuffer(buf, dtype=_IDS_DTYPE)
+        dtype = _ARRAYS.get(kind)
+        if dtype is not None:
+            if buf.nbytes % dtype.itemsize:
+                raise MessageError(
+                    f"{tag}.{name}: {buf.nbytes} bytes is not a whole {dtype.name} array"
+                )
+            kwargs[name] = np.frombuffer(buf, dtype=dtype)
         else:
             kwargs[name] = frame
     try:

@@ -3,7 +3,8 @@
 On the wire a message is a ZeroMQ multipart message: frame 0 is a msgpack map with the type tag
 `t`, the schema version `v` and the scalar fields; every payload field (token ids, cache
 tensors) follows as its own raw frame, in declaration order, never inside msgpack and never
-pickled. Token ids travel as little-endian int32 arrays, cache state as cache.transfer records
+pickled. Token ids travel as little-endian int32 arrays, log probabilities as little-endian
+float32 arrays, cache state as cache.transfer records
 (header with layout fingerprint and checksum, then raw bytes). Sampling parameters travel as a
 typed map (SamplingParams.to_wire) and are validated on arrival.
 
@@ -33,9 +34,18 @@ SAMPLING = {"struct": SamplingParams}
 # The same, and None (msgpack nil) when the request has none.
 CONSTRAINT = {"struct": Constraint, "optional": True}
 
-# Payload kinds: "ids" is an int32 token-id array, "raw" opaque bytes.
+# Payload kinds: "ids" is an int32 token-id array, "f32" a float32 array, "raw" opaque bytes.
 IDS = "ids"
+F32 = "f32"
 RAW = "raw"
+
+
+def _no_ids() -> np.ndarray:
+    return np.zeros(0, dtype=np.int32)
+
+
+def _no_f32() -> np.ndarray:
+    return np.zeros(0, dtype=np.float32)
 
 
 @dataclass(frozen=True, eq=False)
@@ -77,7 +87,7 @@ class Handoff(Message):
     """
 
     TYPE: ClassVar[str] = "handoff"
-    VERSION: ClassVar[int] = 5
+    VERSION: ClassVar[int] = 6
     rid: int  # the request's id at the frontend that owns it
     # That frontend's incarnation (its Health gen), which tells a decode worker serving several
     # frontends whose request this is; 0 when the prefill worker had not heard it yet.
@@ -103,9 +113,15 @@ class Tokens(Message):
     are concatenated in token_ids. finished: [rid, reason, total output tokens];
     cache_hits: [rid, prompt tokens served from cache] with a request's first token;
     errors: [rid, message] for requests the worker had to drop.
+
+    Log probabilities: logprob_k is empty when no request in the message asked for them; else
+    logprob_k[i] is -1 when request i asked for none, or k, its number of alternatives per token
+    (0..20). For the entries with k >= 0, in order, logprobs holds one value per token (the
+    sampled token's), top_ids / top_logprobs k per token (the k most likely, most likely first).
     """
 
     TYPE: ClassVar[str] = "tokens"
+    VERSION: ClassVar[int] = 2
     worker: str
     rids: list
     offsets: list
@@ -114,6 +130,10 @@ class Tokens(Message):
     finished: list
     cache_hits: list
     errors: list
+    logprob_k: list = field(default_factory=list)
+    logprobs: np.ndarray = field(default_factory=_no_f32, metadata={"frame": F32})
+    top_ids: np.ndarray = field(default_factory=_no_ids, metadata={"frame": IDS})
+    top_logprobs: np.ndarray = field(default_factory=_no_f32, metadata={"frame": F32})
 
 
 @dataclass(frozen=True, eq=False)

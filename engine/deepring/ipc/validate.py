@@ -20,6 +20,7 @@ from typing import Any
 
 from deepring.config import ROLES, check_address
 from deepring.ipc.messages import HEALTH_STATES, Health, Stats, Tokens
+from deepring.sampling.params import LOGPROB_FLOOR, MAX_TOP_LOGPROBS
 from deepring.structured.constraint import MAX_GRAMMAR_CHARS, Constraint
 
 _ROUTE = re.compile(rb"(prefill|decode)-(\d{1,6})/([0-9a-f]{1,16})")
@@ -198,6 +199,34 @@ def tokens_problem(msg: Tokens, vocab_size: int | None) -> str | None:
         return "cache_hits entries are not [rid, tokens]"
     if not _pairs(msg.errors, (_rid, _is_text)):
         return "errors entries are not [rid, message]"
+    return _logprobs_problem(msg, vocab_size)
+
+
+def _logprobs_problem(msg: Tokens, vocab_size: int | None) -> str | None:
+    """The log probabilities line up with the tokens (one per token of each entry that has
+    them, k alternatives per token) and are log probabilities: finite, in [FLOOR, 0]."""
+    ks = msg.logprob_k
+    lps, top_ids, top_lps = msg.logprobs, msg.top_ids, msg.top_logprobs
+    if not ks:
+        if len(lps) or len(top_ids) or len(top_lps):
+            return "log probabilities came without logprob_k"
+        return None
+    if len(ks) != len(msg.rids):
+        return "logprob_k differs in length from rids"
+    if not all(type(k) is int and -1 <= k <= MAX_TOP_LOGPROBS for k in ks):
+        return f"a logprob_k is not in [-1, {MAX_TOP_LOGPROBS}]"
+    want = sum(n for n, k in zip(msg.counts, ks, strict=True) if k >= 0)
+    want_top = sum(n * k for n, k in zip(msg.counts, ks, strict=True) if k > 0)
+    if len(lps) != want or len(top_ids) != want_top or len(top_lps) != want_top:
+        return "log probability arrays do not match the counts"
+    for arr in (lps, top_lps):
+        # NaN fails both comparisons; +-inf fails one.
+        if len(arr) and not (float(arr.min()) >= LOGPROB_FLOOR and float(arr.max()) <= 0.0):
+            return "a log probability is not a finite value in [-9999, 0]"
+    if len(top_ids) and (
+        int(top_ids.min()) < 0 or (vocab_size is not None and int(top_ids.max()) >= vocab_size)
+    ):
+        return "a top log probability token id is outside the vocabulary"
     return None
 
 

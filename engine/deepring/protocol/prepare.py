@@ -2,8 +2,9 @@
 
 For each of Chat Completions, Responses and Messages: parse the body, convert it (model name,
 sampling, tools, stop sequences, thinking), render and encode the prompt with the template of
-the served model's family, resolve max_tokens against the context length, and build the stream
-processor that will turn the engine's token ids back into protocol events. The frontend and
+the served model's family, resolve max_tokens against the context length, read the sampling
+fields the recipe does not expose (protocol.sampling), and build the stream processor that will
+turn the engine's token ids back into protocol events. The frontend and
 `LLM` both go through `Recipe`.
 
 Model names: only the served model's names are accepted (the recipe's own defaults,
@@ -39,6 +40,7 @@ from deepring_recipe import (
 
 from deepring.protocol.errors import ApiError
 from deepring.protocol.formats import PromptFormat
+from deepring.protocol.sampling import sampling_fields
 from deepring.protocol.tokenizer import max_token_bytes
 from deepring.sampling.params import SamplingParams
 from deepring.structured import build as structured
@@ -211,6 +213,8 @@ class Recipe:
         """Parse, convert, encode; resolve limits and sampling; build the stream processor.
         ApiError (with the protocol's status and body) when the request cannot be served."""
         c = self._convert(api, body)
+        # Before the encoding (the costly part): a field refused here costs nothing more.
+        extra = sampling_fields(api.name, body, c.conv.inference_options)
         if isinstance(body, (bytes, str)) and len(body) > BOUND_CHECK_BYTES:
             self._check_length_bound(c.conv.conversation, max_model_len)
         constraint = self._constraint(c.conv)
@@ -232,12 +236,14 @@ class Recipe:
         io = conv.inference_options
         if io.max_tokens is None and self.default_max_tokens is not None:
             max_tokens = min(max_tokens, self.default_max_tokens)
-        seed = io.seed if io.seed is not None else random.getrandbits(63)
+        if io.seed is not None:
+            extra["seed"] = io.seed
+        seed = extra["seed"] if extra.get("seed") is not None else random.getrandbits(63)
         params = SamplingParams(
             temperature=float(io.temperature if io.temperature is not None else 1.0),
             top_p=float(io.top_p if io.top_p is not None else 1.0),
             max_tokens=int(max_tokens),
-            seed=io.seed,
+            **extra,
         )
         response_id = f"{api.id_prefix}{random.getrandbits(96):024x}"
         generator = c.request.chunk_generator(conv, response_id, c.model)

@@ -28,31 +28,56 @@ _WIRE_TYPES = {
     "temperature": _finite,
     "top_p": _finite,
     "top_k": _int32,
+    "min_p": _finite,
+    "presence_penalty": _finite,
+    "frequency_penalty": _finite,
     "seed": lambda v: v is None or _is_int(v),
     "max_tokens": _int32,
     "stop_token_ids": lambda v: isinstance(v, tuple) and len(v) <= 4096 and all(map(_int32, v)),
     "ignore_eos": lambda v: isinstance(v, bool),
+    "logprobs": lambda v: v is None or _int32(v),
 }
+_FLOATS = ("temperature", "top_p", "min_p", "presence_penalty", "frequency_penalty")
+
+# OpenAI's bounds: penalties in [-2, 2], at most 20 alternatives per token.
+MAX_PENALTY = 2.0
+MAX_TOP_LOGPROBS = 20
+# OpenAI reports tokens the distribution excludes (log probability -inf) as -9999.0: finite, so
+# the value survives JSON. Reported log probabilities lie in [LOGPROB_FLOOR, 0].
+LOGPROB_FLOOR = -9999.0
+
+# One sampled token's log probability and its top alternatives, most likely first:
+# (logprob, [(token id, logprob), ...]); the shape deepring_recipe's InferenceChunk.tokens takes.
+TokenLogprob = tuple[float, list[tuple[int, float]]]
 
 
 @dataclass(frozen=True)
 class SamplingParams:
     """How to pick tokens and when to stop.
 
-    temperature: 0 means greedy. top_k <= 0 and top_p == 1 disable those filters. seed makes a
+    temperature: 0 means greedy. top_k <= 0, top_p == 1 and min_p == 0 disable those filters
+    (min_p keeps the tokens at least min_p times as likely as the most likely one). seed makes a
     request's randomness reproducible: the uniform for the token at position p is a hash of
-    (seed, p), so the output does not depend on the batch the request shares. Generation stops
-    at max_tokens, at an EOS token (unless ignore_eos) or at any of stop_token_ids (the stop
-    token is kept in the output).
+    (seed, p), so the output does not depend on the batch the request shares.
+    presence_penalty / frequency_penalty (OpenAI's, in [-2, 2]) lower the logit of every token
+    the request's output holds so far, by presence_penalty once and frequency_penalty per
+    occurrence, before temperature. logprobs: None for none, else k in [0, 20]: each token's log
+    probability and the k most likely alternatives (see sampling.sampler for the distribution).
+    Generation stops at max_tokens, at an EOS token (unless ignore_eos) or at any of
+    stop_token_ids (the stop token is kept in the output).
     """
 
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = -1
+    min_p: float = 0.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
     seed: int | None = None
     max_tokens: int = 16
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
+    logprobs: int | None = None
 
     def __post_init__(self) -> None:
         if not self.temperature >= 0:
@@ -61,6 +86,11 @@ class SamplingParams:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
         if not isinstance(self.top_k, int) or isinstance(self.top_k, bool):
             raise ValueError(f"top_k must be an integer, got {self.top_k!r}")
+        if not 0 <= self.min_p <= 1:
+            raise ValueError(f"min_p must be in [0, 1], got {self.min_p}")
+        for name in ("presence_penalty", "frequency_penalty"):
+            if not -MAX_PENALTY <= getattr(self, name) <= MAX_PENALTY:
+                raise ValueError(f"{name} must be in [-2, 2], got {getattr(self, name)}")
         if self.max_tokens < 1:
             raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
         if self.seed is not None and not (0 <= self.seed < 2**64):
@@ -69,10 +99,26 @@ class SamplingParams:
         if any(not isinstance(t, int) or t < 0 for t in ids):
             raise ValueError(f"stop_token_ids must be non-negative integers, got {ids!r}")
         object.__setattr__(self, "stop_token_ids", ids)
+        lp = self.logprobs
+        if lp is not None and (
+            not isinstance(lp, int) or isinstance(lp, bool) or not 0 <= lp <= MAX_TOP_LOGPROBS
+        ):
+            raise ValueError(f"logprobs must be None or in [0, {MAX_TOP_LOGPROBS}], got {lp!r}")
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0
+
+    @property
+    def penalized(self) -> bool:
+        return self.presence_penalty != 0 or self.frequency_penalty != 0
+
+    @property
+    def argmax_only(self) -> bool:
+        """Greedy, and nothing but the argmax of the model's logits is needed: no penalty moves
+        it and no log probability is reported (the model's greedy head may then skip the full
+        logits)."""
+        return self.temperature == 0 and not self.penalized and self.logprobs is None
 
     def to_wire(self) -> dict[str, Any]:
         """The fields as a msgpack-able map (how Submit and Handoff carry them)."""
@@ -93,7 +139,7 @@ class SamplingParams:
         for name, value in d.items():
             if not _WIRE_TYPES[name](value):
                 raise ValueError(f"bad sampling parameter {name}={value!r:.40}")
-        for name in ("temperature", "top_p"):  # msgpack keeps 1.0 a float; a sender may send 1
+        for name in _FLOATS:  # msgpack keeps 1.0 a float; a sender may send 1
             if name in d:
                 d[name] = float(d[name])
         try:

@@ -27,6 +27,7 @@ from deepring.cache.transfer import CacheState
 from deepring.core.engine import EngineCore
 from deepring.ipc.messages import Abort, Handoff, Message, Submit, Tokens
 from deepring.ipc.validate import constraint_problem
+from deepring.sampling.params import TokenLogprob
 from deepring.worker.origins import Origins
 
 log = logging.getLogger("deepring.worker")
@@ -51,6 +52,26 @@ class _Part:
         self.finished: list[list] = []
         self.cache_hits: list[list] = []
         self.errors: list[list] = []
+        self.logprob_k: list[int] = []  # filled only once a token comes with log probabilities
+        self.logprobs: list[float] = []
+        self.top_ids: list[int] = []
+        self.top_logprobs: list[float] = []
+
+    def token(self, rid: int, offset: int, token: int, logprobs: TokenLogprob | None) -> None:
+        if logprobs is not None and not self.logprob_k:
+            self.logprob_k = [-1] * len(self.rids)
+        self.rids.append(rid)
+        self.offsets.append(offset)
+        self.ids.append(token)
+        if logprobs is not None:
+            lp, top = logprobs
+            self.logprob_k.append(len(top))
+            self.logprobs.append(lp)
+            for t, v in top:
+                self.top_ids.append(t)
+                self.top_logprobs.append(v)
+        elif self.logprob_k:
+            self.logprob_k.append(-1)
 
     def message(self, worker: str) -> Tokens | None:
         if not (self.rids or self.finished or self.errors):
@@ -64,6 +85,10 @@ class _Part:
             finished=self.finished,
             cache_hits=self.cache_hits,
             errors=self.errors,
+            logprob_k=self.logprob_k,
+            logprobs=np.asarray(self.logprobs, dtype=np.float32),
+            top_ids=np.asarray(self.top_ids, dtype=np.int32),
+            top_logprobs=np.asarray(self.top_logprobs, dtype=np.float32),
         )
 
 
@@ -88,12 +113,12 @@ class TokensOut:
             part = self.parts[link] = _Part()
         return part
 
-    def token(self, local: int, offset: int, token: int) -> None:
+    def token(
+        self, local: int, offset: int, token: int, logprobs: TokenLogprob | None = None
+    ) -> None:
         part, rid = self._to(local)
         if part is not None:
-            part.rids.append(rid)
-            part.offsets.append(offset)
-            part.ids.append(token)
+            part.token(rid, offset, token, logprobs)
 
     def cache_hit(self, local: int, hit: int) -> None:
         part, rid = self._to(local)
@@ -240,7 +265,7 @@ class PrefillRole(Role):
                 continue
             req = r.request
             # Its output offset (0 unless it was resumed with tokens generated elsewhere).
-            out.token(req.rid, len(req.output_ids) - 1, r.new_token)
+            out.token(req.rid, len(req.output_ids) - 1, r.new_token, r.logprobs)
             out.cache_hit(req.rid, req.cache_hit)
             if r.finished:  # EOS or max_tokens=1: nothing left for a decode worker
                 out.finish(req.rid, req.finish_reason or "stop", len(req.output_ids))
@@ -423,7 +448,7 @@ class DecodeRole(Role):
                 continue
             req = r.request
             n = len(req.output_ids)
-            out.token(req.rid, n - 1, r.new_token)
+            out.token(req.rid, n - 1, r.new_token, r.logprobs)
             if r.finished:
                 out.finish(req.rid, req.finish_reason or "stop", n)
                 self.origins.pop(req.rid)

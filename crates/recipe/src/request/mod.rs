@@ -7,6 +7,7 @@
 mod body;
 pub mod chat;
 mod common;
+mod fields;
 mod images;
 pub mod messages;
 mod options;
@@ -14,6 +15,7 @@ pub mod responses;
 pub mod schema;
 
 pub use body::{parse_body, parse_body_boxed, RequestBody};
+pub use fields::pick_fields;
 pub use options::{
     ConversionOptions, InferenceOptions, OutputConstraint, ParsingOptions,
     ReasoningContentBehavior, ThinkingInitialStage, WebSearchBehavior,
