@@ -6,7 +6,7 @@
 use std::collections::HashMap;
 
 use deepring_recipe::request::ConversationRequest;
-use deepring_recipe::response::ResponsesEcho;
+use deepring_recipe::response::{ResponsesEcho, ServedSettings};
 use deepring_recipe::stream::{
     ChatCompletionChunkGenerator, ChunkGenerator, InferenceChunk, InferenceFinishReason,
     MessagesChunkGenerator, PromptUsage, ResponsesChunkGenerator, StreamError, StreamProcessor,
@@ -14,7 +14,7 @@ use deepring_recipe::stream::{
 };
 use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
-use pyo3::types::PyList;
+use pyo3::types::{PyDict, PyList};
 
 use crate::errors;
 use crate::options::PyParsingOptions;
@@ -338,6 +338,46 @@ impl PyResponsesEcho {
     #[getter]
     fn user(&self) -> Option<&str> {
         self.inner.user.as_deref()
+    }
+    /// A copy whose response objects report these settings, which the request type does not
+    /// read and the official always reports with these defaults: what a server that honours
+    /// them sets (an addition, recipe/DEVIATIONS.md A2). `metadata`: a dict (None: `{}`).
+    #[pyo3(signature = (
+        *,
+        parallel_tool_calls = true,
+        max_tool_calls = None,
+        metadata = None,
+        prompt_cache_key = None,
+        safety_identifier = None,
+        presence_penalty = 0.0,
+        frequency_penalty = 0.0
+    ))]
+    #[allow(clippy::too_many_arguments)]
+    fn with_served(
+        &self,
+        parallel_tool_calls: bool,
+        max_tool_calls: Option<u64>,
+        metadata: Option<&Bound<'_, PyDict>>,
+        prompt_cache_key: Option<String>,
+        safety_identifier: Option<String>,
+        presence_penalty: f64,
+        frequency_penalty: f64,
+    ) -> PyResult<Self> {
+        let metadata = match metadata {
+            Some(d) => crate::json::to_json(d.as_any())?,
+            None => serde_json::Value::Object(serde_json::Map::new()),
+        };
+        let mut inner = self.inner.clone();
+        inner.served = ServedSettings {
+            parallel_tool_calls,
+            max_tool_calls,
+            metadata,
+            prompt_cache_key,
+            safety_identifier,
+            presence_penalty,
+            frequency_penalty,
+        };
+        Ok(PyResponsesEcho { inner })
     }
 }
 
