@@ -181,7 +181,7 @@ class StubEngine:
     def info(self, key: str):
         return self._info.get(key)
 
-    def submit(self, prompt_ids, params, seed, sink, cache_class="chat") -> int:
+    def submit(self, prompt_ids, params, seed, sink, cache_class="chat", constraint=None) -> int:
         self.submitted.append(np.asarray(prompt_ids))
         loop = asyncio.get_running_loop()
 
