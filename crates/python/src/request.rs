@@ -268,7 +268,7 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
 // ---------------------------------------------------------------------------------------------
 // Responses
 
-use crate::stream::{responses_echo, PyResponsesEcho};
+use crate::echo::{responses_echo, PyResponsesEcho};
 use deepring_recipe::request::responses::ResponsesRequest;
 use pyo3::types::PyTuple;
 

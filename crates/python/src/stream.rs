@@ -1,4 +1,5 @@
-//! Streaming: inference chunks, the chunk generators, `ResponsesEcho` and `StreamProcessor`.
+//! Streaming: inference chunks, the chunk generators and `StreamProcessor` (`ResponsesEcho` is
+//! in `echo`).
 //!
 //! Generators are single use: a `with_*` builder or a processor consumes them. Pushing a large
 //! chunk releases the GIL; a single token is cheaper to process than to hand over.
@@ -6,7 +7,6 @@
 use std::collections::HashMap;
 
 use deepring_recipe::request::ConversationRequest;
-use deepring_recipe::response::{ResponsesEcho, ServedSettings};
 use deepring_recipe::stream::{
     ChatCompletionChunkGenerator, ChunkGenerator, InferenceChunk, InferenceFinishReason,
     MessagesChunkGenerator, PromptUsage, ResponsesChunkGenerator, StreamError, StreamProcessor,
@@ -14,8 +14,9 @@ use deepring_recipe::stream::{
 };
 use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
-use pyo3::types::{PyDict, PyList};
+use pyo3::types::PyList;
 
+use crate::echo::PyResponsesEcho;
 use crate::errors;
 use crate::options::PyParsingOptions;
 use crate::response::{PyChatCompletionChunk, PyMessagesStreamEvent, PyResponsesStreamEvent};
@@ -293,91 +294,6 @@ impl PyMessagesChunkGenerator {
         Ok(PyMessagesChunkGenerator {
             inner: Some(g.with_signature(signature)),
         })
-    }
-}
-
-#[pyclass(module = "deepring_recipe._native", name = "ResponsesEcho", frozen)]
-#[derive(Clone)]
-pub(crate) struct PyResponsesEcho {
-    pub(crate) inner: ResponsesEcho,
-}
-
-/// Wrap the settings `ResponsesRequest.echo()` read from a request (`ResponsesEcho::new`).
-pub(crate) fn responses_echo(inner: ResponsesEcho) -> PyResponsesEcho {
-    PyResponsesEcho { inner }
-}
-
-#[pymethods]
-impl PyResponsesEcho {
-    #[new]
-    fn new() -> Self {
-        PyResponsesEcho {
-            inner: ResponsesEcho::default(),
-        }
-    }
-    #[getter]
-    fn instructions(&self) -> Option<&str> {
-        self.inner.instructions.as_deref()
-    }
-    #[getter]
-    fn max_output_tokens(&self) -> Option<u64> {
-        self.inner.max_output_tokens
-    }
-    #[getter]
-    fn temperature(&self) -> f64 {
-        f64::from(self.inner.temperature)
-    }
-    #[getter]
-    fn top_p(&self) -> f64 {
-        f64::from(self.inner.top_p)
-    }
-    #[getter]
-    fn top_logprobs(&self) -> u64 {
-        self.inner.top_logprobs
-    }
-    #[getter]
-    fn user(&self) -> Option<&str> {
-        self.inner.user.as_deref()
-    }
-    /// A copy whose response objects report these settings, which the request type does not
-    /// read and the official always reports with these defaults: what a server that honours
-    /// them sets (an addition, recipe/DEVIATIONS.md A2). `metadata`: a dict (None: `{}`).
-    #[pyo3(signature = (
-        *,
-        parallel_tool_calls = true,
-        max_tool_calls = None,
-        metadata = None,
-        prompt_cache_key = None,
-        safety_identifier = None,
-        presence_penalty = 0.0,
-        frequency_penalty = 0.0
-    ))]
-    #[allow(clippy::too_many_arguments)]
-    fn with_served(
-        &self,
-        parallel_tool_calls: bool,
-        max_tool_calls: Option<u64>,
-        metadata: Option<&Bound<'_, PyDict>>,
-        prompt_cache_key: Option<String>,
-        safety_identifier: Option<String>,
-        presence_penalty: f64,
-        frequency_penalty: f64,
-    ) -> PyResult<Self> {
-        let metadata = match metadata {
-            Some(d) => crate::json::to_json(d.as_any())?,
-            None => serde_json::Value::Object(serde_json::Map::new()),
-        };
-        let mut inner = self.inner.clone();
-        inner.served = ServedSettings {
-            parallel_tool_calls,
-            max_tool_calls,
-            metadata,
-            prompt_cache_key,
-            safety_identifier,
-            presence_penalty,
-            frequency_penalty,
-        };
-        Ok(PyResponsesEcho { inner })
     }
 }
 
