@@ -54,6 +54,7 @@ from ._native import (
     WebSearchBehavior,
     __version__,
     request_fields,
+    request_outline,
 )
 
 __all__ = [
@@ -106,4 +107,5 @@ __all__ = [
     "WebSearchBehavior",
     "__version__",
     "request_fields",
+    "request_outline",
 ]

@@ -56,6 +56,7 @@ __all__ = [
     "WebSearchBehavior",
     "__version__",
     "request_fields",
+    "request_outline",
 ]
 
 _RequestBody: TypeAlias = bytes | str | dict[str, Any]
@@ -79,6 +80,16 @@ def request_fields(body: _RequestBody, names: Sequence[str]) -> dict[str, Any]:
     dict of Python values: what a server reads besides the protocol request (sampling extensions
     such as `top_k`). Text bodies are scanned once without building the other values, with the
     GIL released when large; ValueError for text that is not JSON."""
+
+def request_outline(
+    body: _RequestBody, names: Sequence[str]
+) -> tuple[list[str], frozenset[str], dict[str, Any]]:
+    """The outline of a request body (`bytes | str | dict`), read in one scan: its top-level keys
+    (each once, in order), the string values of every `type` key at any depth (a frozenset), and
+    the named top-level fields that are present (a dict, as `request_fields`). What a server
+    needs to refuse unknown fields and content it cannot serve without reading the body twice:
+    text bodies are scanned without building anything but the named fields, with the GIL
+    released when large. ValueError for text that is not JSON."""
 
 class ConversionError(Exception):
     """Raised when a protocol request is invalid or cannot be converted."""
@@ -671,6 +682,20 @@ class ResponsesEcho:
     def top_logprobs(self) -> int: ...
     @property
     def user(self) -> str | None: ...
+    def with_served(
+        self,
+        *,
+        parallel_tool_calls: bool = True,
+        max_tool_calls: int | None = None,
+        metadata: dict[str, str] | None = None,
+        prompt_cache_key: str | None = None,
+        safety_identifier: str | None = None,
+        presence_penalty: float = 0.0,
+        frequency_penalty: float = 0.0,
+    ) -> ResponsesEcho:
+        """A copy whose response objects report these settings, which the request type does not
+        read and the official always reports with these defaults: what a server that honours
+        them sets (an addition, recipe/DEVIATIONS.md A2). `metadata`: a dict (None: `{}`)."""
 
 @final
 class StreamProcessor:

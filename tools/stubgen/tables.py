@@ -122,7 +122,13 @@ _MESSAGE = {
 # the setter takes a wider type; a callable is a dict of parameter -> annotation and "return".
 # Properties are emitted in the order listed here, then alphabetically.
 TYPES: dict[str, dict[str, Any]] = {
-    "": {"request_fields": {"names": "Sequence[str]", "return": "dict[str, Any]"}},
+    "": {
+        "request_fields": {"names": "Sequence[str]", "return": "dict[str, Any]"},
+        "request_outline": {
+            "names": "Sequence[str]",
+            "return": "tuple[list[str], frozenset[str], dict[str, Any]]",
+        },
+    },
     "*": {
         "convert": {"return": "ConversationRequest"},
         "encode": {"return": "list[int]"},
@@ -267,6 +273,16 @@ TYPES: dict[str, dict[str, Any]] = {
         "top_p": "float",
         "top_logprobs": "int",
         "user": "str | None",
+        "with_served": {
+            "parallel_tool_calls": "bool",
+            "max_tool_calls": "int | None",
+            "metadata": "dict[str, str] | None",
+            "prompt_cache_key": "str | None",
+            "safety_identifier": "str | None",
+            "presence_penalty": "float",
+            "frequency_penalty": "float",
+            "return": "ResponsesEcho",
+        },
     },
     "MessagesChunkGenerator": {"with_signature": {"return": "MessagesChunkGenerator"}},
     "StreamProcessor": {

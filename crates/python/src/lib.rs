@@ -6,7 +6,7 @@
 //!
 //! Module order (each module uses only modules before it): errors, json, enums, detach,
 //! tokenizer, special_tokens, tool, image, message, conversation, encoding, options, response,
-//! stream, request.
+//! echo, stream, request.
 
 use pyo3::prelude::*;
 
@@ -17,6 +17,7 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 mod conversation;
 mod detach;
+mod echo;
 mod encoding;
 mod enums;
 mod errors;

@@ -3,12 +3,15 @@
 use std::sync::Mutex;
 
 use deepring_recipe::request::chat::ChatCompletionRequest;
-use deepring_recipe::request::{pick_fields, ConversationRequest, ConversionOptions, RequestBody};
+use deepring_recipe::request::{
+    outline, outline_value, pick_fields, ConversationRequest, ConversionOptions, Outline,
+    RequestBody,
+};
 use deepring_recipe::ConversionError;
 use deepring_recipe::RecipeError;
 use pyo3::exceptions::PyRuntimeError;
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyDict, PyString};
+use pyo3::types::{PyBytes, PyDict, PyFrozenSet, PyList, PyString};
 
 use crate::conversation::PyConversation;
 use crate::detach::maybe_detached;
@@ -217,17 +220,55 @@ fn request_fields<'py>(
     Ok(out)
 }
 
+/// The outline of a request body (`bytes | str | dict`), read in one scan: its top-level keys
+/// (each once, in order), the string values of every `type` key at any depth (a frozenset), and
+/// the named top-level fields that are present (a dict, as `request_fields`). What a server
+/// needs to refuse unknown fields and content it cannot serve without reading the body twice:
+/// text bodies are scanned without building anything but the named fields, with the GIL
+/// released when large. ValueError for text that is not JSON.
+#[pyfunction]
+fn request_outline<'py>(
+    py: Python<'py>,
+    body: &Bound<'py, PyAny>,
+    names: Vec<String>,
+) -> PyResult<(
+    Bound<'py, PyList>,
+    Bound<'py, PyFrozenSet>,
+    Bound<'py, PyDict>,
+)> {
+    let names: Vec<&str> = names.iter().map(String::as_str).collect();
+    let got: Outline = if let Ok(s) = body.cast::<PyString>() {
+        let text = s.to_str()?;
+        maybe_detached(py, text.len(), || outline(text.as_bytes(), &names))
+            .map_err(errors::recipe)?
+    } else if let Ok(b) = body.cast::<PyBytes>() {
+        let bytes = b.as_bytes();
+        maybe_detached(py, bytes.len(), || outline(bytes, &names)).map_err(errors::recipe)?
+    } else {
+        let value = to_json(body)?;
+        py.detach(|| outline_value(&value, &names))
+    };
+    let fields = PyDict::new(py);
+    for (name, value) in &got.fields {
+        fields.set_item(name, to_py(py, value)?)?;
+    }
+    let keys = PyList::new(py, &got.keys)?;
+    let tags = PyFrozenSet::new(py, &got.tags)?;
+    Ok((keys, tags, fields))
+}
+
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyConversationRequest>()?;
     m.add_class::<PyChatCompletionRequest>()?;
     m.add_function(wrap_pyfunction!(request_fields, m)?)?;
+    m.add_function(wrap_pyfunction!(request_outline, m)?)?;
     Ok(())
 }
 
 // ---------------------------------------------------------------------------------------------
 // Responses
 
-use crate::stream::{responses_echo, PyResponsesEcho};
+use crate::echo::{responses_echo, PyResponsesEcho};
 use deepring_recipe::request::responses::ResponsesRequest;
 use pyo3::types::PyTuple;
 

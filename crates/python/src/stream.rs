@@ -1,4 +1,5 @@
-//! Streaming: inference chunks, the chunk generators, `ResponsesEcho` and `StreamProcessor`.
+//! Streaming: inference chunks, the chunk generators and `StreamProcessor` (`ResponsesEcho` is
+//! in `echo`).
 //!
 //! Generators are single use: a `with_*` builder or a processor consumes them. Pushing a large
 //! chunk releases the GIL; a single token is cheaper to process than to hand over.
@@ -6,7 +7,6 @@
 use std::collections::HashMap;
 
 use deepring_recipe::request::ConversationRequest;
-use deepring_recipe::response::ResponsesEcho;
 use deepring_recipe::stream::{
     ChatCompletionChunkGenerator, ChunkGenerator, InferenceChunk, InferenceFinishReason,
     MessagesChunkGenerator, PromptUsage, ResponsesChunkGenerator, StreamError, StreamProcessor,
@@ -16,6 +16,7 @@ use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
 use pyo3::types::PyList;
 
+use crate::echo::PyResponsesEcho;
 use crate::errors;
 use crate::options::PyParsingOptions;
 use crate::response::{PyChatCompletionChunk, PyMessagesStreamEvent, PyResponsesStreamEvent};
@@ -293,51 +294,6 @@ impl PyMessagesChunkGenerator {
         Ok(PyMessagesChunkGenerator {
             inner: Some(g.with_signature(signature)),
         })
-    }
-}
-
-#[pyclass(module = "deepring_recipe._native", name = "ResponsesEcho", frozen)]
-#[derive(Clone)]
-pub(crate) struct PyResponsesEcho {
-    pub(crate) inner: ResponsesEcho,
-}
-
-/// Wrap the settings `ResponsesRequest.echo()` read from a request (`ResponsesEcho::new`).
-pub(crate) fn responses_echo(inner: ResponsesEcho) -> PyResponsesEcho {
-    PyResponsesEcho { inner }
-}
-
-#[pymethods]
-impl PyResponsesEcho {
-    #[new]
-    fn new() -> Self {
-        PyResponsesEcho {
-            inner: ResponsesEcho::default(),
-        }
-    }
-    #[getter]
-    fn instructions(&self) -> Option<&str> {
-        self.inner.instructions.as_deref()
-    }
-    #[getter]
-    fn max_output_tokens(&self) -> Option<u64> {
-        self.inner.max_output_tokens
-    }
-    #[getter]
-    fn temperature(&self) -> f64 {
-        f64::from(self.inner.temperature)
-    }
-    #[getter]
-    fn top_p(&self) -> f64 {
-        f64::from(self.inner.top_p)
-    }
-    #[getter]
-    fn top_logprobs(&self) -> u64 {
-        self.inner.top_logprobs
-    }
-    #[getter]
-    fn user(&self) -> Option<&str> {
-        self.inner.user.as_deref()
     }
 }
 

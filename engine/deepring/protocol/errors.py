@@ -95,3 +95,17 @@ class ApiError(Exception):
         if self.openai_body is not None and not is_anthropic(path):
             return self.openai_body.encode()
         return error_body(path, self.status, self.message)
+
+
+def field_error(param: str, message: str, code: str = "invalid_request_error") -> ApiError:
+    """A 400 about one request field: OpenAI's `param` names it (and `code` says what is wrong);
+    on /v1/messages the message alone, in Anthropic's shape, which names the field itself."""
+    body = {
+        "error": {
+            "message": message,
+            "type": "invalid_request_error",
+            "param": param,
+            "code": code,
+        }
+    }
+    return ApiError(400, message, openai_body=json.dumps(body, ensure_ascii=False))

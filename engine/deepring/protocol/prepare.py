@@ -1,9 +1,11 @@
 """Request bodies to engine requests, through deepring_recipe (protocol rules live in Rust).
 
 For each of Chat Completions, Responses and Messages: parse the body, convert it (model name,
-sampling, tools, stop sequences, thinking), render and encode the prompt with the template of
-the served model's family, resolve max_tokens against the context length, read the sampling
-fields the recipe does not expose (protocol.sampling), and build the stream processor that will
+sampling, tools, stop sequences, thinking), refuse what serving does not honour (every
+top-level field and nested content: protocol.fields, protocol.nested), render and encode the
+prompt with the template of the served model's family, resolve max_tokens against the context
+length, read the sampling fields the recipe does not expose (protocol.sampling), and build the
+stream processor that will
 turn the engine's token ids back into protocol events. The frontend and
 `LLM` both go through `Recipe`.
 
@@ -38,6 +40,7 @@ from deepring_recipe import (
     Tokenizer,
 )
 
+from deepring.protocol import fields
 from deepring.protocol.errors import ApiError
 from deepring.protocol.formats import PromptFormat
 from deepring.protocol.sampling import sampling_fields
@@ -153,8 +156,10 @@ class Recipe:
     def _convert(self, api: Api, body: bytes | str | dict) -> _Converted:
         try:
             req = api.request(body)
-        except (ValueError, RecursionError) as e:  # RecursionError: nesting beyond the limit
+        except RecursionError as e:  # nesting beyond the limit
             raise ApiError(400, str(e)) from None
+        except ValueError as e:
+            raise fields.explain_parse_error(api.name, body, str(e)) from None
         model = req.model
         extras = None
         try:
@@ -189,11 +194,27 @@ class Recipe:
                 "length of the messages.",
             )
 
-    def _constraint(self, conv: ConversationRequest) -> Constraint | None:
+    def _constraint(
+        self, conv: ConversationRequest, served: fields.Served | None = None
+    ) -> Constraint | None:
         """The request's output constraint, validated: one llguidance cannot compile is a
-        400 naming the problem (never a worker's error)."""
+        400 naming the problem (never a worker's error). `served`: what serving adds to the
+        recipe's constraint (protocol.fields)."""
+        served = served or fields.Served()
+        if (served.single_call or served.must_call) and structured.is_prefix_continuation(conv):
+            raise ApiError(
+                400,
+                "parallel_tool_calls false cannot be enforced on a prefix continuation (its "
+                "output is not constrained)",
+            )
         try:
-            return structured.for_request(conv, self.markers)
+            return structured.for_request(
+                conv,
+                self.markers,
+                single_call=served.single_call,
+                must_call=served.must_call,
+                output_schema=served.output_schema,
+            )
         except GrammarError as e:
             raise ApiError(400, f"Invalid output constraint: {e}") from None
 
@@ -214,10 +235,12 @@ class Recipe:
         ApiError (with the protocol's status and body) when the request cannot be served."""
         c = self._convert(api, body)
         # Before the encoding (the costly part): a field refused here costs nothing more.
-        extra = sampling_fields(api.name, body, c.conv.inference_options)
+        keys, tags, got = fields.outline(body, api.name)
+        served = fields.check(api.name, body, c.conv, keys, tags, got)
+        extra = sampling_fields(api.name, got, c.conv.inference_options)
         if isinstance(body, (bytes, str)) and len(body) > BOUND_CHECK_BYTES:
             self._check_length_bound(c.conv.conversation, max_model_len)
-        constraint = self._constraint(c.conv)
+        constraint = self._constraint(c.conv, served)
         prompt_ids = self._encode(c.conv)
         conv = c.conv
         try:
@@ -249,6 +272,9 @@ class Recipe:
         generator = c.request.chunk_generator(conv, response_id, c.model)
         if c.responses_extras is not None:
             ns_map, echo = c.responses_extras
+            reported = fields.responses_echo(served, extra)
+            if reported:
+                echo = echo.with_served(**reported)
             generator = generator.with_namespace_tool_map(ns_map).with_echo(echo)
         processor = StreamProcessor(generator, conv.parsing_options, self.tokenizer)
         return Prepared(

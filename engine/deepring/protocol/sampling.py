@@ -3,21 +3,21 @@ not expose.
 
 The recipe's InferenceOptions give max_tokens, temperature, top_p, seed (Chat), logprobs and
 top_logprobs; it checks and then drops presence_penalty / frequency_penalty (Chat) and ignores
-the rest. Those fields are read here, from the body, with `deepring_recipe.request_fields`
-(one scan that builds nothing but the named fields, so an 8 MB body is not parsed twice), and
-each one is either honoured or refused with a 400 that names it: none is dropped silently.
+the rest. Those fields are read from the body with the rest of its outline (protocol.fields,
+`deepring_recipe.request_outline`: one scan that builds nothing but the named fields, so an
+8 MB body is not parsed twice), and each one is either honoured or refused with a 400 that
+names it: none is dropped silently.
 docs/configuration.md lists what each API honours.
 """
 
 from __future__ import annotations
 
-import json
 import math
 from typing import Any
 
-from deepring_recipe import InferenceOptions, request_fields
+from deepring_recipe import InferenceOptions
 
-from deepring.protocol.errors import ApiError
+from deepring.protocol.errors import ApiError, field_error
 from deepring.sampling.params import MAX_PENALTY
 
 # Honoured on every API (vLLM's extensions, and Anthropic's own top_k).
@@ -38,15 +38,7 @@ _SEED_LIMIT = 2**63  # the recipe's bound on Chat's seed
 
 def _bad(name: str, message: str) -> ApiError:
     """A 400 naming the field (OpenAI's `param` carries it too)."""
-    body = {
-        "error": {
-            "message": message,
-            "type": "invalid_request_error",
-            "param": name,
-            "code": "invalid_request_error",
-        }
-    }
-    return ApiError(400, message, openai_body=json.dumps(body))
+    return field_error(name, message)
 
 
 def _is_int(v: Any) -> bool:
@@ -87,17 +79,17 @@ def _refuse_unless_neutral(name: str, v: Any) -> None:
         raise _bad(name, what)
 
 
-def sampling_fields(api: str, body: Any, io: InferenceOptions) -> dict[str, Any]:
+def sampling_fields(api: str, got: dict[str, Any], io: InferenceOptions) -> dict[str, Any]:
     """SamplingParams keyword arguments for the request's fields beyond temperature, top_p and
     max_tokens (which the caller resolves): top_k, min_p, penalties, stop_token_ids, ignore_eos,
-    logprobs, and seed where the recipe does not read it. ApiError (400) naming a field that is
-    malformed or asks for what is not served."""
-    try:
-        got = request_fields(body, FIELDS[api])
-    except ValueError as e:  # the recipe parsed this body already: cannot happen
-        raise ApiError(400, str(e)) from None
+    logprobs, and seed where the recipe does not read it. `got`: the body's fields FIELDS[api]
+    that are present (protocol.fields reads them with the rest of the body's outline).
+    ApiError (400) naming a field that is malformed or asks for what is not served."""
+    names = FIELDS[api]
     out: dict[str, Any] = {}
-    for name, v in got.items():
+    for name, v in got.items():  # in the body's order: the first bad field is named
+        if name not in names:
+            continue
         if v is None:
             continue  # JSON null: the default, as for the fields the recipe reads
         if name == "top_k":

@@ -65,26 +65,56 @@ def lark(grammar: str) -> Constraint:
 
 
 def tool_calls(
-    tools: list[dict], *, required: bool, reasoning: bool, markers: Markers
+    tools: list[dict],
+    *,
+    required: bool,
+    reasoning: bool,
+    markers: Markers,
+    single: bool = False,
+    must_call: bool = False,
 ) -> Constraint:
     """Output calling `tools` (Chat Completions function tools) as structured.tools says."""
-    kind = "tool_call_required" if required else "tool_call"
-    grammar = tool_call_grammar(tools, required=required, reasoning=reasoning, markers=markers)
+    kind = "tool_call_required" if required or must_call else "tool_call"
+    grammar = tool_call_grammar(
+        tools,
+        required=required,
+        reasoning=reasoning,
+        markers=markers,
+        single=single,
+        must_call=must_call,
+    )
     return _checked(kind, grammar)
 
 
-def for_request(conv: Any, markers: Markers) -> Constraint | None:
-    """The constraint of a converted request (deepring_recipe.ConversationRequest), None when
-    it has none. GrammarError when it cannot be enforced."""
-    oc = conv.inference_options.output_constraint
-    if oc is None:
-        return None
+def is_prefix_continuation(conv: Any) -> bool:
+    """Whether the request continues an assistant prefix (its output is not constrained)."""
     messages = conv.conversation.messages
-    if messages and messages[-1].role == "assistant" and messages[-1].prefix:
-        return None
+    return bool(messages) and messages[-1].role == "assistant" and bool(messages[-1].prefix)
+
+
+def for_request(
+    conv: Any,
+    markers: Markers,
+    *,
+    single_call: bool = False,
+    must_call: bool = False,
+    output_schema: Any = None,
+) -> Constraint | None:
+    """The constraint of a converted request (deepring_recipe.ConversationRequest), None when
+    it has none. GrammarError when it cannot be enforced. What serving adds to the recipe's
+    constraint (protocol.fields): single_call (at most one tool call per block), must_call (the
+    output calls a tool: Messages tool_choice any), output_schema (a JSON Schema the answer must
+    match, for a request the recipe gives none: Messages output_format)."""
+    oc = conv.inference_options.output_constraint
     options = conv.parsing_options
     stage = options.thinking_initial_stage
     reasoning = stage is not None and stage.starts_in_reasoning()
+    if oc is None:
+        if output_schema is not None:
+            return json_schema(output_schema, reasoning=reasoning, markers=markers)
+        return None
+    if is_prefix_continuation(conv):
+        return None
     if oc.kind == "json":
         return json_schema(oc.schema or None, reasoning=reasoning, markers=markers)
     if oc.kind == "regex":
@@ -95,5 +125,12 @@ def for_request(conv: Any, markers: Markers) -> Constraint | None:
         except ValueError as e:
             raise GrammarError(f"the tool list is not JSON: {e}") from None
         required = bool(options.starts_in_tool_calls)
-        return tool_calls(tools, required=required, reasoning=reasoning, markers=markers)
+        return tool_calls(
+            tools,
+            required=required,
+            reasoning=reasoning,
+            markers=markers,
+            single=single_call,
+            must_call=must_call and not required,
+        )
     raise GrammarError(f"unknown output constraint kind {oc.kind!r}")

@@ -232,8 +232,11 @@ class _Builder:
         return self.call(i, {"function": fn}, exact=False)
 
 
-def _invoke_rules(tools: list[dict], markers: Markers, exact_all: bool) -> list[str]:
-    """The rules `calls` (one or more invokes, then the block's end) and what it needs."""
+def _invoke_rules(
+    tools: list[dict], markers: Markers, exact_all: bool, single: bool = False
+) -> list[str]:
+    """The rules `calls` (one or more invokes, then the block's end; exactly one when single)
+    and what it needs."""
     b = _Builder(markers)
     calls = []
     for i, tool in enumerate(tools):
@@ -252,27 +255,40 @@ def _invoke_rules(tools: list[dict], markers: Markers, exact_all: bool) -> list[
         raise GrammarError("a tool-call constraint needs at least one tool")
     d = b.dsml
     return [
-        f"calls: invoke+ {b.close(b.tags.block, newline=False)}",
+        f"calls: invoke{'' if single else '+'} {b.close(b.tags.block, newline=False)}",
         f'invoke: "<" {d} {_lit(b.tags.invoke + " name=" + chr(34))} ({" | ".join(calls)})',
         *b.rules,
     ]
 
 
 def tool_call_grammar(
-    tools: list[dict], *, required: bool, reasoning: bool, markers: Markers
+    tools: list[dict],
+    *,
+    required: bool,
+    reasoning: bool,
+    markers: Markers,
+    single: bool = False,
+    must_call: bool = False,
 ) -> str:
     """The grammar of an output that calls `tools` (the recipe's constraint schema: Chat
     Completions function tools). required: the prompt already opened the block (tool_choice
     required or named), so the output is one or more invokes and the block's end, and every
-    tool is exact. Otherwise (auto) the output is any text, optionally followed by one block
-    (nothing may follow a block); with reasoning, the block may also open inside the
-    reasoning, which the parser allows, and the reasoning may end the output."""
-    rules = _invoke_rules(tools, markers, exact_all=required)
+    tool is exact. must_call (Messages tool_choice any, whose prompt does not open the block;
+    not in thinking mode): the output opens the block at once, then as required. Otherwise
+    (auto) the output is any text, optionally followed by one block (nothing may follow a
+    block); with reasoning, the block may also open inside the reasoning, which the parser
+    allows, and the reasoning may end the output. single: a block holds exactly one invoke
+    (parallel_tool_calls false, disable_parallel_tool_use)."""
+    rules = _invoke_rules(tools, markers, exact_all=required or must_call, single=single)
     d = special(markers.dsml, "｜DSML｜")
     opener = _lit(_Tags.of(markers.v41).block + ">" + chr(10))
     head = ["%llguidance {}"]
     if required:
         head.append("start: calls")
+    elif must_call:
+        if reasoning:
+            raise GrammarError("a forced tool call cannot follow reasoning")
+        head.append(f'start: "<" {d} {opener} calls')
     else:
         answer = f"TEXT? | OPEN {d} {opener} calls"
         if reasoning:

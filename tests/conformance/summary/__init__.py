@@ -36,6 +36,7 @@ from .deviations import (
     check_deviation_expectations,
     has_max_completion_tokens,
     strict_defs_deviation,
+    verbosity_as_ours,
 )
 from .invariance import (
     ByteTokens,
@@ -76,4 +77,5 @@ __all__ = [
     "strict_defs_deviation",
     "strip_logprobs",
     "strip_usage",
+    "verbosity_as_ours",
 ]

@@ -21,6 +21,10 @@ from .common import json_text
 #    output constraint), the tool-schema lines of the rendered prompts are rewritten the
 #    same way (prompt + special ranges compared as segments), and prompt ids are not
 #    compared for such requests.
+# R5. Responses objects report `text.verbosity` as "medium" (OpenAI's default) when the request
+#    sets none; the official writes null, which the Responses schema does not allow.
+#    Adjustment: `verbosity_as_ours` reads the official's null as "medium" (streams only: the
+#    request summaries do not hold the response object).
 
 
 def _body_dict(case: dict) -> dict | None:
@@ -225,3 +229,16 @@ def check_deviation_expectations(case: dict, ours: dict) -> None:
         assert ours["inference"]["max_tokens"] == body["max_completion_tokens"], (
             "deviation 1: Chat max_completion_tokens must be honoured"
         )
+
+
+def verbosity_as_ours(value: Any) -> Any:
+    """`value` (reduced stream output of the official) with every Responses text setting
+    `{"format": ..., "verbosity": null}` reporting "medium", as ours does (R5)."""
+    if isinstance(value, list):
+        return [verbosity_as_ours(v) for v in value]
+    if not isinstance(value, dict):
+        return value
+    out = {k: verbosity_as_ours(v) for k, v in value.items()}
+    if "format" in out and "verbosity" in out and out["verbosity"] is None:
+        out["verbosity"] = "medium"
+    return out

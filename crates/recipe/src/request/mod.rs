@@ -15,7 +15,7 @@ pub mod responses;
 pub mod schema;
 
 pub use body::{parse_body, parse_body_boxed, RequestBody};
-pub use fields::pick_fields;
+pub use fields::{outline, outline_value, pick_fields, Outline};
 pub use options::{
     ConversionOptions, InferenceOptions, OutputConstraint, ParsingOptions,
     ReasoningContentBehavior, ThinkingInitialStage, WebSearchBehavior,

@@ -13,6 +13,6 @@ pub use chat::{ChatCompletionChunk, ChatCompletionResponse, ChatDelta, ChatHead,
 pub use messages::{BlockDelta, BlockStart, MessageHead, MessagesResponse, MessagesStreamEvent};
 pub use responses::{
     DeltaKind, ItemBody, ItemStatus, OutputItem, ResponseObject, ResponseStatus, ResponsesEcho,
-    ResponsesEventKind, ResponsesResponse, ResponsesStreamEvent,
+    ResponsesEventKind, ResponsesResponse, ResponsesStreamEvent, ServedSettings,
 };
 pub use usage::Usage;

@@ -207,6 +207,7 @@ pub fn echo_from_response(r: &Value) -> ResponsesEcho {
         text: r["text"].clone(),
         tool_choice: r["tool_choice"].clone(),
         tools: r["tools"].clone(),
+        served: Default::default(),
     }
 }
 

@@ -11,7 +11,7 @@ use super::wire::{
     ResponsesRequest, ResponsesTextFormat, ResponsesTool, ResponsesToolChoice,
     ResponsesWebSearchTool, ToolChoiceObject, Verbosity,
 };
-use crate::response::ResponsesEcho;
+use crate::response::{ResponsesEcho, ServedSettings};
 
 impl ResponsesRequest {
     /// What the response object echoes of this request.
@@ -31,13 +31,15 @@ impl ResponsesRequest {
             }),
             text: json!({
                 "format": text.map_or_else(|| json!({"type": "text"}), |t| text_format(&t.format)),
-                "verbosity": text.and_then(|t| t.verbosity).map(Verbosity::as_str),
+                // OpenAI's default when not given; the official writes null (DEVIATIONS.md R5).
+                "verbosity": text.and_then(|t| t.verbosity).map_or("medium", Verbosity::as_str),
             }),
             tool_choice: self
                 .tool_choice
                 .as_ref()
                 .map_or_else(|| json!("auto"), tool_choice),
             tools: Value::Array(self.tools.iter().flatten().filter_map(tool).collect()),
+            served: ServedSettings::default(),
         }
     }
 }

@@ -8,7 +8,8 @@ use serde_json::Value;
 /// them (temperature and `top_p` are f32 on the wire, so the object prints `0.3`), and the
 /// reasoning, text, tool choice and tool settings already in their response-object JSON form
 /// (`{"effort":…,"summary":…}`, `{"format":…,"verbosity":…}`, the `tool_choice` value, the list
-/// of declared tools).
+/// of declared tools). `text.verbosity` is the request's or OpenAI's default, `"medium"` (the
+/// official writes `null`, which the Responses schema does not allow: recipe/DEVIATIONS.md R5).
 #[derive(Clone, Debug, PartialEq)]
 pub struct ResponsesEcho {
     pub instructions: Option<String>,
@@ -21,6 +22,37 @@ pub struct ResponsesEcho {
     pub text: Value,
     pub tool_choice: Value,
     pub tools: Value,
+    /// What a server reports beyond the fields the request type reads (an addition: the
+    /// official object always reports these defaults; recipe/DEVIATIONS.md A2).
+    pub served: ServedSettings,
+}
+
+/// Response-object fields the official always writes with their defaults, set by a server that
+/// honours them (`ResponsesEcho.with_served` in Python).
+#[derive(Clone, Debug, PartialEq)]
+pub struct ServedSettings {
+    pub parallel_tool_calls: bool,
+    pub max_tool_calls: Option<u64>,
+    /// A JSON object.
+    pub metadata: Value,
+    pub prompt_cache_key: Option<String>,
+    pub safety_identifier: Option<String>,
+    pub presence_penalty: f64,
+    pub frequency_penalty: f64,
+}
+
+impl Default for ServedSettings {
+    fn default() -> Self {
+        ServedSettings {
+            parallel_tool_calls: true,
+            max_tool_calls: None,
+            metadata: Value::Object(serde_json::Map::new()),
+            prompt_cache_key: None,
+            safety_identifier: None,
+            presence_penalty: 0.0,
+            frequency_penalty: 0.0,
+        }
+    }
 }
 
 impl Default for ResponsesEcho {
@@ -34,9 +66,10 @@ impl Default for ResponsesEcho {
             top_logprobs: 0,
             user: None,
             reasoning: serde_json::json!({"effort": null, "summary": null}),
-            text: serde_json::json!({"format": {"type": "text"}, "verbosity": null}),
+            text: serde_json::json!({"format": {"type": "text"}, "verbosity": "medium"}),
             tool_choice: Value::String("auto".into()),
             tools: Value::Array(Vec::new()),
+            served: ServedSettings::default(),
         }
     }
 }
@@ -67,6 +100,7 @@ impl ResponsesEcho {
             text,
             tool_choice,
             tools,
+            served: ServedSettings::default(),
         }
     }
 }

@@ -10,7 +10,7 @@ mod items;
 mod object;
 
 pub use accumulate::ResponsesResponse;
-pub use echo::ResponsesEcho;
+pub use echo::{ResponsesEcho, ServedSettings};
 pub use events::{DeltaKind, ResponsesEventKind, ResponsesStreamEvent};
 pub use items::{ItemBody, ItemStatus, OutputItem};
 pub use object::{ResponseObject, ResponseStatus};

@@ -45,9 +45,10 @@ impl ResponseObject {
         });
         out.push_str(",\"background\":false,\"completed_at\":");
         json::opt_uint(out, self.completed_at);
-        out.push_str(
-            ",\"content_filters\":null,\"error\":null,\"frequency_penalty\":0.0,\"incomplete_details\":",
-        );
+        let served = &e.served;
+        out.push_str(",\"content_filters\":null,\"error\":null,\"frequency_penalty\":");
+        json::float(out, served.frequency_penalty);
+        out.push_str(",\"incomplete_details\":");
         match self.incomplete_reason {
             Some(r) => {
                 out.push_str("{\"reason\":");
@@ -60,7 +61,9 @@ impl ResponseObject {
         json::opt_string(out, e.instructions.as_deref());
         out.push_str(",\"max_output_tokens\":");
         json::opt_uint(out, e.max_output_tokens);
-        out.push_str(",\"max_tool_calls\":null,\"model\":");
+        out.push_str(",\"max_tool_calls\":");
+        json::opt_uint(out, served.max_tool_calls);
+        out.push_str(",\"model\":");
         json::string(out, &self.model);
         out.push_str(",\"moderation\":null,\"output\":[");
         for (i, item) in self.output.iter().enumerate() {
@@ -69,14 +72,21 @@ impl ResponseObject {
             }
             item.write(out, &self.id, true);
         }
-        out.push_str(
-            "],\"parallel_tool_calls\":true,\"presence_penalty\":0.0,\"previous_response_id\":null,\
-             \"prompt_cache_key\":null,\"prompt_cache_retention\":null,\"reasoning\":",
-        );
+        out.push_str("],\"parallel_tool_calls\":");
+        out.push_str(if served.parallel_tool_calls {
+            "true"
+        } else {
+            "false"
+        });
+        out.push_str(",\"presence_penalty\":");
+        json::float(out, served.presence_penalty);
+        out.push_str(",\"previous_response_id\":null,\"prompt_cache_key\":");
+        json::opt_string(out, served.prompt_cache_key.as_deref());
+        out.push_str(",\"prompt_cache_retention\":null,\"reasoning\":");
         json::value(out, &e.reasoning);
-        out.push_str(
-            ",\"safety_identifier\":null,\"service_tier\":\"default\",\"store\":false,\"temperature\":",
-        );
+        out.push_str(",\"safety_identifier\":");
+        json::opt_string(out, served.safety_identifier.as_deref());
+        out.push_str(",\"service_tier\":\"default\",\"store\":false,\"temperature\":");
         float32(out, e.temperature);
         out.push_str(",\"text\":");
         json::value(out, &e.text);
@@ -95,7 +105,9 @@ impl ResponseObject {
         }
         out.push_str(",\"user\":");
         json::opt_string(out, e.user.as_deref());
-        out.push_str(",\"metadata\":{}}");
+        out.push_str(",\"metadata\":");
+        json::value(out, &served.metadata);
+        out.push('}');
     }
 }
 
@@ -103,5 +115,72 @@ fn float32(out: &mut String, v: f32) {
     match serde_json::to_string(&v) {
         Ok(s) => out.push_str(&s),
         Err(_) => out.push_str("null"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use serde_json::{json, Value};
+
+    use super::{ResponseObject, ResponseStatus};
+    use crate::response::{ResponsesEcho, ServedSettings};
+
+    fn written(echo: ResponsesEcho) -> Value {
+        let object = ResponseObject {
+            id: "resp_1".into(),
+            model: "m".into(),
+            created_at: 1,
+            status: ResponseStatus::Completed,
+            completed_at: Some(2),
+            incomplete_reason: None,
+            echo: Arc::new(echo),
+            output: Vec::new(),
+            usage: None,
+        };
+        let mut out = String::new();
+        object.write(&mut out);
+        serde_json::from_str(&out).expect("the object is JSON")
+    }
+
+    #[test]
+    fn defaults_say_what_an_unspecified_request_gets() {
+        let o = written(ResponsesEcho::default());
+        assert_eq!(
+            o["text"],
+            json!({"format": {"type": "text"}, "verbosity": "medium"})
+        );
+        assert_eq!(o["parallel_tool_calls"], json!(true));
+        assert_eq!(o["max_tool_calls"], Value::Null);
+        assert_eq!(o["metadata"], json!({}));
+        assert_eq!(o["frequency_penalty"].to_string(), "0.0");
+        assert_eq!(o["presence_penalty"].to_string(), "0.0");
+        assert_eq!(o["prompt_cache_key"], Value::Null);
+        assert_eq!(o["safety_identifier"], Value::Null);
+    }
+
+    #[test]
+    fn served_settings_are_reported() {
+        let echo = ResponsesEcho {
+            served: ServedSettings {
+                parallel_tool_calls: false,
+                max_tool_calls: Some(3),
+                metadata: json!({"k": "v"}),
+                prompt_cache_key: Some("key".into()),
+                safety_identifier: Some("u1".into()),
+                presence_penalty: 0.5,
+                frequency_penalty: -1.0,
+            },
+            ..ResponsesEcho::default()
+        };
+        let o = written(echo);
+        assert_eq!(o["parallel_tool_calls"], json!(false));
+        assert_eq!(o["max_tool_calls"], json!(3));
+        assert_eq!(o["metadata"], json!({"k": "v"}));
+        assert_eq!(o["prompt_cache_key"], json!("key"));
+        assert_eq!(o["safety_identifier"], json!("u1"));
+        assert_eq!(o["presence_penalty"], json!(0.5));
+        assert_eq!(o["frequency_penalty"].to_string(), "-1.0");
     }
 }
