@@ -19,6 +19,7 @@ import re
 from typing import Any
 
 from deepring.config import ROLES, check_address
+from deepring.cost.model import StepCost
 from deepring.ipc.messages import HEALTH_STATES, Health, Stats, Tokens
 
 _ROUTE = re.compile(rb"(prefill|decode)-(\d{1,6})/([0-9a-f]{1,16})")
@@ -94,6 +95,12 @@ _READY_INFO = {
 }
 
 
+# Facts a `ready` may carry (checked when present).
+_READY_OPTIONAL = {
+    "max_num_batched_tokens": lambda v: _is_int(v, 1, 2**31),
+}
+
+
 def ready_problem(route: bytes, msg: Health) -> str | None:
     """Whether a `ready` is a registration the frontend can trust its facts from."""
     problem = health_problem(route, msg)
@@ -106,6 +113,9 @@ def ready_problem(route: bytes, msg: Health) -> str | None:
         if name not in info:
             return f"info lacks {name!r}"
         if not ok(info[name]):
+            return f"info {name} = {info[name]!r:.40} is out of bounds or of the wrong type"
+    for name, ok in _READY_OPTIONAL.items():
+        if name in info and not ok(info[name]):
             return f"info {name} = {info[name]!r:.40} is out of bounds or of the wrong type"
     role = info["role"]
     if not msg.worker.startswith(role + "-"):
@@ -132,7 +142,10 @@ _STATS_COUNTS = (
     "steps",
     "generated",
     "preemptions",
+    "context_tokens",
 )
+# A prefill backlog beyond a year is a broken report, not a queue.
+_MAX_BACKLOG_S = 365 * 86400.0
 
 
 def _counter_map(d: dict, what: str) -> str | None:
@@ -154,6 +167,12 @@ def stats_problem(msg: Stats) -> str | None:
             return f"{name} = {value!r:.40}"
     if not (math.isfinite(msg.step_seconds) and msg.step_seconds >= 0):
         return f"step_seconds = {msg.step_seconds!r:.40}"
+    if not (math.isfinite(msg.backlog_s) and 0 <= msg.backlog_s <= _MAX_BACKLOG_S):
+        return f"backlog_s = {msg.backlog_s!r:.40}"
+    try:
+        StepCost.from_wire(msg.step_cost)
+    except ValueError as e:
+        return f"step_cost: {e}"
     if msg.free_slots > msg.num_slots or msg.running > msg.num_slots:
         return "more free or running slots than slots"
     if msg.used_blocks > msg.num_blocks:

@@ -55,6 +55,7 @@ def engine_info(config: WorkerConfig, built: BuiltEngine) -> dict:
         "num_slots": eng.slots.num_slots,
         "num_blocks": spec.total_blocks,
         "block_size": eng.block_size,
+        "max_num_batched_tokens": eng.scheduler.config.max_num_batched_tokens,
         "tokenizer": str(tok) if tok is not None else None,
     }
 
@@ -322,7 +323,9 @@ def run_worker(config: WorkerConfig, loaded=None) -> int:
             if role.busy:
                 role.step()
                 now = time.monotonic()
-                if now >= next_stats:
+                # The step that empties the worker reports at once: a router reading the last
+                # busy report would wait on work that is done until the next heartbeat.
+                if now >= next_stats or not role.busy:
                     stats()
                     next_stats = now + config.stats_interval
             while link.stalled:
