@@ -108,7 +108,7 @@ def test_the_wire_form_is_checked():
         [0.1, "1", 0, 0, 0],
         [1e9, 0, 0, 0, 0],
     ):
-        with pytest.raises(ValueError):
+        with pytest.raises(ValueError, match="step cost"):
             StepCost.from_wire(bad)
 
 
@@ -202,5 +202,5 @@ def test_a_ttft_deadline_buys_a_larger_chunk():
 def test_pacer_config_is_checked():
     for kw in ({"tbt_target_s": 0}, {"tbt_target_s": 0.1, "ttft_target_s": -1},
                {"tbt_target_s": 0.1, "min_chunk": 0}):  # fmt: skip
-        with pytest.raises(ValueError):
+        with pytest.raises(ValueError, match="must be"):
             PacerConfig(**kw)
