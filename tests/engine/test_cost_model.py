@@ -42,11 +42,11 @@ def test_the_fit_recovers_the_coefficients():
         shape = _random_shape(rng)
         f.observe(shape, TRUE.predict(shape))
     # The prior's pull leaves a small bias in the coefficients; the predictions are what count.
-    for got, want in zip(f.model.coef, TRUE.coef, strict=True):
+    for got, want in zip(f.solve().coef, TRUE.coef, strict=True):
         assert got == pytest.approx(want, rel=0.1)
     for _ in range(50):
         shape = _random_shape(rng)
-        assert f.model.predict(shape) == pytest.approx(TRUE.predict(shape), rel=0.01)
+        assert f.solve().predict(shape) == pytest.approx(TRUE.predict(shape), rel=0.01)
 
 
 def test_the_fit_follows_a_machine_that_slows_down():
@@ -60,7 +60,7 @@ def test_the_fit_follows_a_machine_that_slows_down():
         shape = _random_shape(rng)
         f.observe(shape, slow.predict(shape))
     probe = StepShape.of([(1, 1000)] * 16 + [(256, 512)])
-    assert f.model.predict(probe) == pytest.approx(slow.predict(probe), rel=0.03)
+    assert f.solve().predict(probe) == pytest.approx(slow.predict(probe), rel=0.03)
 
 
 def test_outliers_barely_move_the_fit():
@@ -73,7 +73,7 @@ def test_outliers_barely_move_the_fit():
             seconds += 2.0  # a pause of two seconds
         f.observe(shape, seconds)
     probe = StepShape.of([(1, 1000)] * 16)
-    assert f.model.predict(probe) == pytest.approx(TRUE.predict(probe), rel=0.1)
+    assert f.solve().predict(probe) == pytest.approx(TRUE.predict(probe), rel=0.1)
 
 
 def test_unexcited_features_keep_the_prior():
@@ -83,8 +83,8 @@ def test_unexcited_features_keep_the_prior():
     for _ in range(200):
         shape = StepShape.of((1, rng.randint(10, 3000)) for _ in range(rng.randint(1, 32)))
         f.observe(shape, TRUE.predict(shape))
-    assert f.model.coef[3] == pytest.approx(TINY_CPU.coef[3], rel=0.05)
-    assert all(c >= 0 for c in f.model.coef)
+    assert f.solve().coef[3] == pytest.approx(TINY_CPU.coef[3], rel=0.05)
+    assert all(c >= 0 for c in f.solve().coef)
 
 
 def test_a_batch_fit_and_bad_samples():

@@ -60,7 +60,7 @@ def _stats(wid: str, gen: int, **kw) -> Stats:
         waiting=0, running=0, free_slots=4, num_slots=4, used_blocks=0, num_blocks=40,
         queued_tokens=0, steps=1, step_seconds=0.5, generated=3, preemptions=0,
         prefix_cache={"hit_tokens": 0}, dropped={}, step_cost=[0.01, 1e-4, 1e-4, 1e-8, 1e-8],
-        backlog_s=0.0, context_tokens=0,
+        backlog_s=0.0, lag_s=0.0, context_tokens=0,
     )  # fmt: skip
     return Stats(worker=wid, gen=gen, **{**base, **kw})
 
@@ -197,6 +197,7 @@ def test_forged_load_reports_are_dropped(new_client):
         _stats("decode-0", 5, step_cost=[0.01, "1e-4", 1e-4, 1e-8, 0.0]),
         _stats("decode-0", 5, backlog_s=float("nan")),
         _stats("decode-0", 5, backlog_s=-1.0),
+        _stats("decode-0", 5, lag_s=float("inf")),
         _stats("decode-0", 5, context_tokens=-3),
         _stats("decode-1", 5),
     ]

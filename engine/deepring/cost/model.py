@@ -167,7 +167,11 @@ class OnlineFit:
         forget: float = 0.995,
         prior_weight: float = 2.0,
         robust_after: float = 20.0,
+        refresh: int = 16,
     ) -> None:
+        """refresh: the model is solved again after this many steps (a solve costs ~50 us,
+        a step on a GPU ~20 ms: fresh enough, and the simulator's millions of steps stay
+        cheap)."""
         if not 0 < forget <= 1:
             raise ValueError("forget must be in (0, 1]")
         if not prior_weight > 0:
@@ -180,38 +184,65 @@ class OnlineFit:
         self._xy = np.zeros(N_FEATURES)
         self.samples = 0.0  # effective number of steps behind the fit (forgetting applied)
         self.observed = 0  # steps seen
+        self.refresh = max(1, refresh)
         self._model = prior
-        self._dirty = False
+        self._pending: list[tuple[tuple[float, ...], float, float]] = []  # (x, seconds, weight)
 
     def observe(self, shape: StepShape, seconds: float) -> None:
         """One measured step."""
+        self._add(shape, seconds)
+        if len(self._pending) >= self.refresh or 0 < self.observed <= self.refresh:
+            self._model = self._solve()  # every step while the fit is young
+
+    def observe_many(self, shapes: Sequence[StepShape], seconds: Sequence[float]) -> None:
+        """Several measured steps (solved once at the end when due)."""
+        for shape, secs in zip(shapes, seconds, strict=True):
+            self._add(shape, secs)
+        if len(self._pending) >= self.refresh or 0 < self.observed <= self.refresh:
+            self._model = self._solve()
+
+    def _add(self, shape: StepShape, seconds: float) -> None:
         if not (math.isfinite(seconds) and seconds >= 0) or shape.seqs == 0:
             return
-        x = np.array(shape.vector())
         weight = 1.0
         if self.samples >= self.robust_after:
             # Huber-like: a step far off the prediction counts as if it were at the threshold.
-            pred = self.model.predict(shape)
+            pred = self._model.predict(shape)
             limit = 0.5 * pred + 2e-3
             miss = abs(seconds - pred)
             if miss > limit:
                 weight = limit / miss
-        self._xx *= self.forget
-        self._xy *= self.forget
-        self._xx += weight * np.outer(x, x)
-        self._xy += weight * x * seconds
+        # Folded into the normal equations at the next solve (one numpy call per batch: a
+        # step's own bookkeeping stays a few microseconds).
+        self._pending.append((shape.vector(), seconds, weight))
         self.samples = self.samples * self.forget + weight
         self.observed += 1
-        self._dirty = True
 
     @property
     def model(self) -> StepCost:
-        if self._dirty:
-            self._model = self._solve()
-            self._dirty = False
         return self._model
 
+    def solve(self) -> StepCost:
+        """The fit of every step seen so far (model lags by up to `refresh` steps)."""
+        if self._pending:
+            self._model = self._solve()
+        return self._model
+
+    def _fold(self) -> None:
+        """Add the pending steps to the normal equations, each forgotten by its age."""
+        k = len(self._pending)
+        if not k:
+            return
+        x = np.array([p[0] for p in self._pending])
+        y = np.array([p[1] for p in self._pending])
+        w = np.array([p[2] for p in self._pending]) * self.forget ** np.arange(k - 1, -1, -1.0)
+        decay = self.forget**k
+        self._xx = decay * self._xx + (x * w[:, None]).T @ x
+        self._xy = decay * self._xy + (x * w[:, None]).T @ y
+        self._pending.clear()
+
     def _solve(self) -> StepCost:
+        self._fold()
         # Work in units where a typical step's feature is 1 (feature i divided by t_i, its
         # coefficient multiplied by it): the system is well conditioned whatever the magnitudes
         # (pairs run to 1e9, the base column is 1), a coefficient is the seconds its feature
@@ -219,6 +250,9 @@ class OnlineFit:
         t = _TYPICAL
         a = self._xx / np.outer(t, t) + self.prior_weight * np.eye(N_FEATURES)
         b = self._xy / t + self.prior_weight * np.array(self.prior.coef) * t
+        w = np.linalg.solve(a, b)
+        if (w >= 0).all():  # the usual case: no coefficient wants to go negative
+            return StepCost(tuple(float(c) for c in np.clip(w / t, 0.0, MAX_COEF)))
         free = list(range(N_FEATURES))
         w = np.zeros(N_FEATURES)
         for _ in range(N_FEATURES):  # active set: drop what goes negative, solve again
@@ -239,4 +273,4 @@ def fit(samples: Sequence[tuple[StepShape, float]], prior: StepCost) -> StepCost
     f = OnlineFit(prior, forget=1.0, prior_weight=1e-3, robust_after=math.inf)
     for shape, seconds in samples:
         f.observe(shape, seconds)
-    return f.model
+    return f.solve()

@@ -158,6 +158,9 @@ class Stats(Message):
     # of cost.model.FEATURES (base, tokens, seqs, prefill_pairs, decode_context).
     step_cost: list
     backlog_s: float  # predicted seconds of the prompt work it holds (that model)
+    # Seconds since the worker last took its messages: what reached it since (requests sent
+    # to it while it ran the step before this report) is not counted in this report.
+    lag_s: float
     context_tokens: int  # tokens held by its running requests (a decode step reads them all)
 
 

@@ -167,8 +167,10 @@ def stats_problem(msg: Stats) -> str | None:
             return f"{name} = {value!r:.40}"
     if not (math.isfinite(msg.step_seconds) and msg.step_seconds >= 0):
         return f"step_seconds = {msg.step_seconds!r:.40}"
-    if not (math.isfinite(msg.backlog_s) and 0 <= msg.backlog_s <= _MAX_BACKLOG_S):
-        return f"backlog_s = {msg.backlog_s!r:.40}"
+    for name in ("backlog_s", "lag_s"):
+        value = getattr(msg, name)
+        if not (math.isfinite(value) and 0 <= value <= _MAX_BACKLOG_S):
+            return f"{name} = {value!r:.40}"
     try:
         StepCost.from_wire(msg.step_cost)
     except ValueError as e:

@@ -1,24 +1,26 @@
-"""The cost-model router (`--router cost`): prefill by predicted completion time, decode by the
-dominant share of slots, KV blocks and batch compute.
+"""The cost-model router (`--router cost`): prefill by predicted completion time, decode by
+KV blocks and batch compute relative to the other workers.
 
 Prefill. Each prefill worker reports its step-time model (cost.model, fitted on its own steps)
 and the predicted seconds of the prompt work it holds. The registry turns that into the
-worker's backlog now (the report's backlog less the time since, plus what was sent to it after
-the report), and a request's own cost on that worker is its uncached tokens computed after its
-cached prefix, in the worker's chunks (attention grows with the context, so a 1,000-token
-follow-up on a 30,000-token conversation costs more than a fresh 1,000-token prompt). The
-worker that would finish it first wins. Workers that run slower (a busier host, an older
-card) report a slower model and get less.
+worker's backlog now (the report's backlog less the time since, plus what was sent to it that
+the report could not count), and a request's own cost on that worker is its uncached tokens
+computed after its cached prefix, in the worker's chunks (attention grows with the context, so
+a 1,000-token follow-up on a 30,000-token conversation costs more than a fresh 1,000-token
+prompt). The worker that would finish it first wins. Workers that run slower (a busier host,
+an older card) report a slower model and get less.
 
 Decode. A decode worker's load is read from both its reports (requests, KV blocks and context
 it holds, which include other frontends' requests and blocks held by preempted ones) and the
 frontend's own books (which include requests still in prefill, and everything since the last
-report): each figure is the larger of the two views plus, for the report, this frontend's
-requests it cannot contain yet. The request goes where the largest of its shares after
-placement is smallest: slots used, blocks used, and the predicted decode step time against a
-reference (the TBT target, or the workers' mean full-batch step), so a slow worker takes fewer
-requests and the time between tokens evens out across workers. A worker that can take the
-request now (a free slot and blocks for it) beats one that cannot.
+report): each figure is the larger of the two views, the report's plus this frontend's
+requests it cannot contain yet. Two loads count: KV blocks, and compute (the predicted decode
+step time of its batch less the step's fixed base, which an idle worker pays too). The request
+goes where the larger of the two, each relative to the workers' mean once the request is
+placed, is smallest: that is what keeps max / mean of both low. A slow worker's model puts
+more compute on the same batch, so it takes fewer requests and the time between tokens evens
+out. A worker that can take the request now (a free slot and blocks for it) beats one that
+cannot; with a TBT target, one whose predicted step stays under it beats one that would not.
 
 Ties rotate, as in the token router.
 """
@@ -79,43 +81,38 @@ class CostRouter:
                 best, best_key = w, key
         return best
 
-    def _reference(self, ready: list[WorkerLoad]) -> float:
-        """What a decode step time is measured against: the TBT target, else the mean step
-        of a full batch (every slot, half the blocks' tokens) over the workers."""
-        if self.tbt_target_s is not None:
-            return self.tbt_target_s
-        steps = [
-            self.model(w).decode_step(w.num_slots, w.num_blocks * self.block_size // 2)
-            for w in ready
-        ]
-        return max(1e-9, sum(steps) / len(steps))
-
-    def decode_shares(
-        self, w: WorkerLoad, prompt_tokens: int, reference: float
-    ) -> tuple[bool, float]:
-        """(fits now, the largest share after taking a request of prompt_tokens)."""
-        need = -(-(prompt_tokens + 1) // self.block_size)
-        requests, tokens, blocks = w.est_requests(), w.est_tokens(), w.est_blocks(self.block_size)
-        fits = requests < w.num_slots and blocks + need <= w.num_blocks
-        step = self.model(w).decode_step(requests + 1, tokens + prompt_tokens + 1)
-        share = max(
-            (requests + 1) / max(1, w.num_slots),
-            (blocks + need) / max(1, w.num_blocks),
-            step / reference,
-        )
-        return fits, share
+    def _decode_load(self, w: WorkerLoad, extra: int, extra_tokens: int) -> tuple[int, float, float]:
+        """(KV blocks, compute, predicted step time) of decode worker w with `extra` more
+        requests holding `extra_tokens` more tokens. Compute is the step time less the step's
+        base: what an idle worker does not pay."""
+        requests = w.est_requests() + extra
+        blocks = w.est_blocks(self.block_size) + extra + extra_tokens // self.block_size
+        model = self.model(w)
+        step = model.decode_step(requests, w.est_tokens() + extra_tokens)
+        return blocks, max(0.0, step - model.coef[0]), step
 
     def pick_decode(self, loads: Iterable[WorkerLoad], prompt_tokens: int) -> WorkerLoad | None:
-        """The decode worker whose largest share after placement is smallest."""
+        """The decode worker whose larger relative load after placement (its KV blocks and its
+        compute, each over the workers' mean once the request is placed) is smallest; one that
+        can take the request now first, and with a TBT target, one that stays under it."""
         ready = [w for w in loads if w.ready]
         if not ready:
             return None
-        reference = self._reference(ready)
+        n = len(ready)
+        tokens = prompt_tokens + 1
+        before = [self._decode_load(w, 0, 0) for w in ready]
+        after = [self._decode_load(w, 1, tokens) for w in ready]
+        grow_kv = sum(a[0] - b[0] for a, b in zip(after, before, strict=True)) / n
+        grow_load = sum(a[1] - b[1] for a, b in zip(after, before, strict=True)) / n
+        kv_mean = max(1e-9, (sum(b[0] for b in before) + grow_kv) / n)
+        load_mean = max(1e-12, (sum(b[1] for b in before) + grow_load) / n)
+        target = self.tbt_target_s
         turn = next(self._decode_turn)
         best, best_key = None, None
-        for i, w in enumerate(ready):
-            fits, share = self.decode_shares(w, prompt_tokens, reference)
-            key = (not fits, share, (i - turn) % len(ready))
+        for i, (w, (kv, load, step)) in enumerate(zip(ready, after, strict=True)):
+            fits = w.est_requests() < w.num_slots and kv <= w.num_blocks
+            over = target is not None and step > target
+            key = (not fits, over, max(kv / kv_mean, load / load_mean), (i - turn) % n)
             if best_key is None or key < best_key:
                 best, best_key = w, key
         return best

@@ -129,10 +129,13 @@ class WorkerRegistry:
     def backlog_s(self, w: WorkerState, now: float) -> float:
         """Predicted seconds of prompt work ahead of a request sent to prefill worker w now:
         its last report's backlog less the time since (it has been working on it), plus what
-        was sent to it after that report."""
+        was sent to it that the report could not count (sent after the worker last took its
+        messages: Stats.lag_s)."""
         if w.stats is None:
             return sum(s for s, _ in w.booked.values())
-        since = sum(s for s, at in w.booked.values() if at > w.stats_at)
+        # The report counts what the worker had taken in before its last step.
+        covered = w.stats_at - w.stats.lag_s
+        since = sum(s for s, at in w.booked.values() if at > covered)
         return max(0.0, w.stats.backlog_s - (now - w.stats_at)) + since
 
     def route(

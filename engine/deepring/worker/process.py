@@ -261,7 +261,11 @@ def run_worker(config: WorkerConfig, loaded=None) -> int:
 
     def stats() -> None:
         msg = Stats(
-            worker=config.worker_id, gen=gen, dropped=dict(link.drops.counts), **role.load()
+            worker=config.worker_id,
+            gen=gen,
+            dropped=dict(link.drops.counts),
+            lag_s=max(0.0, time.monotonic() - polled_at),
+            **role.load(),
         )
         for i in links:
             link.notify(msg, i)
@@ -275,6 +279,7 @@ def run_worker(config: WorkerConfig, loaded=None) -> int:
     def where(i: int) -> str:
         return "the frontend" if len(links) == 1 else f"frontend {config.frontend_addrs[i]}"
 
+    polled_at = time.monotonic()  # when the loop last took its messages (Stats.lag_s)
     lost = [False] * len(links)  # a frontend not heard from for the heartbeat timeout
     unannounced = [False] * len(links)  # see health()
     for i in links:
@@ -292,7 +297,7 @@ def run_worker(config: WorkerConfig, loaded=None) -> int:
         while True:
             timeout = 0.0 if role.busy else max(0.0, next_beat - time.monotonic())
             msgs, heard = link.poll(timeout)
-            now = time.monotonic()
+            now = polled_at = time.monotonic()
             for i in heard:
                 if lost[i]:
                     log.info("%s is back", where(i))
