@@ -105,8 +105,20 @@ def test_no_cycle_between_packages():
         ("model", {"core", "worker", "frontend"}),
         ("core", {"worker", "frontend"}),
         # The step-time model is shared by workers, routers and the simulator: numpy only.
-        ("cost", {"worker", "model", "core", "frontend", "kernels", "cache", "routing", "ipc",
-                  "ext:torch"}),  # fmt: skip
+        (
+            "cost",
+            {
+                "worker",
+                "model",
+                "core",
+                "frontend",
+                "kernels",
+                "cache",
+                "routing",
+                "ipc",
+                "ext:torch",
+            },
+        ),
     ],
 )
 def test_what_each_package_may_not_reach(package, forbidden):

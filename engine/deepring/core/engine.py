@@ -295,6 +295,21 @@ class EngineCore:
         self.last_step = (shape, took)
         return results
 
+    def _backlog_s(self, model: StepCost, budget: int) -> float:
+        """Predicted seconds of the prompt work in hand (what a prefill router waits on). A
+        request not admitted yet starts after the prefix the cache will likely serve it."""
+        s = self.scheduler
+        total = 0.0
+        for r in s.running:
+            if r.pending > 1:
+                total += model.prompt_seconds(r.pending, r.num_cached, budget)
+        for r in s.waiting:
+            start = r.num_cached
+            if start == 0 and s.prefix is not None:
+                start = s.prefix.expected_hit(r)
+            total += model.prompt_seconds(r.num_tokens - start, start, budget)
+        return total
+
     def load(self) -> dict:
         s = self.scheduler
         model = self.cost.model
@@ -313,12 +328,7 @@ class EngineCore:
             "preemptions": s.num_preemptions,
             "prefix_cache": self.prefix.report() if self.prefix is not None else {},
             "step_cost": model.to_wire(),
-            # Predicted seconds of the prompt work in hand (what a prefill router waits on).
-            "backlog_s": sum(
-                model.prompt_seconds(r.pending, r.num_cached, budget)
-                for r in (*s.waiting, *s.running)
-                if r.pending > 1
-            ),
+            "backlog_s": self._backlog_s(model, budget),
             # Tokens the running requests hold: a decode step's attention reads them all.
             "context_tokens": sum(r.num_tokens for r in s.running),
         }

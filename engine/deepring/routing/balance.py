@@ -14,13 +14,13 @@ Decode. A decode worker's load is read from both its reports (requests, KV block
 it holds, which include other frontends' requests and blocks held by preempted ones) and the
 frontend's own books (which include requests still in prefill, and everything since the last
 report): each figure is the larger of the two views, the report's plus this frontend's
-requests it cannot contain yet. Two loads count: KV blocks, and compute (the predicted decode
-step time of its batch less the step's fixed base, which an idle worker pays too). The request
-goes where the larger of the two, each relative to the workers' mean once the request is
-placed, is smallest: that is what keeps max / mean of both low. A slow worker's model puts
-more compute on the same batch, so it takes fewer requests and the time between tokens evens
-out. A worker that can take the request now (a free slot and blocks for it) beats one that
-cannot; with a TBT target, one whose predicted step stays under it beats one that would not.
+requests it cannot contain yet. Two loads count: its KV blocks, and its predicted decode step
+time (its model, its batch: what its requests wait between tokens). The request goes where the
+larger of the two, each relative to the workers' mean once the request is placed, is smallest:
+that is what keeps max / mean of both low. A slow worker's model predicts longer steps for the
+same batch, so it takes fewer requests and the time between tokens evens out. A worker that
+can take the request now (a free slot and blocks for it) beats one that cannot; with a TBT
+target, one whose predicted step stays under it beats one that would not.
 
 Ties rotate, as in the token router.
 """
@@ -81,38 +81,34 @@ class CostRouter:
                 best, best_key = w, key
         return best
 
-    def _decode_load(self, w: WorkerLoad, extra: int, extra_tokens: int) -> tuple[int, float, float]:
-        """(KV blocks, compute, predicted step time) of decode worker w with `extra` more
-        requests holding `extra_tokens` more tokens. Compute is the step time less the step's
-        base: what an idle worker does not pay."""
+    def _decode_load(self, w: WorkerLoad, extra: int, extra_tokens: int) -> tuple[int, float]:
+        """(KV blocks, predicted decode step time) of decode worker w with `extra` more
+        requests holding `extra_tokens` more tokens."""
         requests = w.est_requests() + extra
         blocks = w.est_blocks(self.block_size) + extra + extra_tokens // self.block_size
-        model = self.model(w)
-        step = model.decode_step(requests, w.est_tokens() + extra_tokens)
-        return blocks, max(0.0, step - model.coef[0]), step
+        return blocks, self.model(w).decode_step(requests, w.est_tokens() + extra_tokens)
 
     def pick_decode(self, loads: Iterable[WorkerLoad], prompt_tokens: int) -> WorkerLoad | None:
         """The decode worker whose larger relative load after placement (its KV blocks and its
-        compute, each over the workers' mean once the request is placed) is smallest; one that
-        can take the request now first, and with a TBT target, one that stays under it."""
+        step time, each over the workers' mean once the request is placed) is smallest; one
+        that can take the request now first, and with a TBT target, one that stays under it."""
         ready = [w for w in loads if w.ready]
         if not ready:
             return None
         n = len(ready)
-        tokens = prompt_tokens + 1
         before = [self._decode_load(w, 0, 0) for w in ready]
-        after = [self._decode_load(w, 1, tokens) for w in ready]
-        grow_kv = sum(a[0] - b[0] for a, b in zip(after, before, strict=True)) / n
-        grow_load = sum(a[1] - b[1] for a, b in zip(after, before, strict=True)) / n
-        kv_mean = max(1e-9, (sum(b[0] for b in before) + grow_kv) / n)
-        load_mean = max(1e-12, (sum(b[1] for b in before) + grow_load) / n)
+        after = [self._decode_load(w, 1, prompt_tokens + 1) for w in ready]
+        # The means once the request is placed (on average, 1/n of it on each worker).
+        kv_mean = sum(a[0] + (n - 1) * b[0] for a, b in zip(after, before, strict=True)) / n / n
+        step_mean = sum(a[1] + (n - 1) * b[1] for a, b in zip(after, before, strict=True)) / n / n
+        kv_mean, step_mean = max(kv_mean, 1e-9), max(step_mean, 1e-12)
         target = self.tbt_target_s
         turn = next(self._decode_turn)
         best, best_key = None, None
-        for i, (w, (kv, load, step)) in enumerate(zip(ready, after, strict=True)):
+        for i, (w, (kv, step)) in enumerate(zip(ready, after, strict=True)):
             fits = w.est_requests() < w.num_slots and kv <= w.num_blocks
             over = target is not None and step > target
-            key = (not fits, over, max(kv / kv_mean, load / load_mean), (i - turn) % n)
+            key = (not fits, over, max(kv / kv_mean, step / step_mean), (i - turn) % n)
             if best_key is None or key < best_key:
                 best, best_key = w, key
         return best

@@ -132,7 +132,8 @@ class SimWorker:
             self.runner,
             CacheConfig(num_blocks=num_blocks, num_slots=seqs, block_size=c.block_size),
             SchedulerConfig(
-                max_num_seqs=seqs, max_num_batched_tokens=c.decode_budget if decode else c.prefill_budget
+                max_num_seqs=seqs,
+                max_num_batched_tokens=c.decode_budget if decode else c.prefill_budget,
             ),
             max_model_len=c.max_model_len,
             vocab_size=VOCAB,
@@ -152,7 +153,9 @@ class SimWorker:
         self.next_stats = 0.0
         # Accounting over the measured window (Cluster.window).
         self.busy_s = 0.0
-        self.steps: list[tuple[float, float, int, int, int]] = []  # start, secs, decode toks, used blocks, mixed
+        self.steps: list[
+            tuple[float, float, int, int, int]
+        ] = []  # start, secs, decode toks, used blocks, mixed
 
     def info(self) -> dict:
         e = self.engine
@@ -311,7 +314,7 @@ class Cluster:
             st.received += count
             self.registry.grew(rid, st.decode, count)
         if shared_gaps and times is not None:
-            for a, b in zip(times, times[1:]):
+            for a, b in itertools.pairwise(times):
                 gaps.append(b - a)
                 weights.append(shared_gaps)
         for rid, _reason, _total in msg.finished:

@@ -73,8 +73,12 @@ def summarize(
     for w in cluster.workers.values():
         roles[w.role_name].append(w)
     decode_steps = np.array(
-        [(secs, toks, mixed) for w in roles["decode"] for _, secs, toks, _, mixed in w.steps
-         if toks],  # fmt: skip
+        [
+            (secs, toks, mixed)
+            for w in roles["decode"]
+            for _, secs, toks, _, mixed in w.steps
+            if toks
+        ],
         dtype=float,
     ).reshape(-1, 3)
     if tbt_target_s is not None and len(decode_steps):

@@ -69,13 +69,25 @@ SHAPES = {
     # Decode-heavy, as a 1:4 prefill:decode deployment is sized for: long answers (reasoning),
     # conversations of a few turns whose history the prefix cache serves.
     "h800": TraceConfig(
-        prompt_median=200, tail_p=0.02, tail_alpha=1.2, followup_median=100, output_median=600,
-        output_sigma=1.0, max_output=4096, mean_turns=3.0,
-    ),  # fmt: skip
+        prompt_median=200,
+        tail_p=0.02,
+        tail_alpha=1.2,
+        followup_median=100,
+        output_median=600,
+        output_sigma=1.0,
+        max_output=4096,
+        mean_turns=3.0,
+    ),
     "tiny-cpu": TraceConfig(
-        prompt_median=120, tail_min=500, max_prompt=1500, followup_median=30, output_median=24,
-        max_output=64, think_mean_s=1.0, max_context=4096,
-    ),  # fmt: skip
+        prompt_median=120,
+        tail_min=500,
+        max_prompt=1500,
+        followup_median=30,
+        output_median=24,
+        max_output=64,
+        think_mean_s=1.0,
+        max_context=4096,
+    ),
 }
 
 
@@ -103,7 +115,11 @@ def generate(c: TraceConfig, seed: int = 0) -> list[Session]:
             n_turns += 1
         turns, context = [], 0
         for k in range(n_turns):
-            new = prompt_length(rng, c) if k == 0 else max(1, int(_lognormal(rng, c.followup_median, 1.0)))
+            new = (
+                prompt_length(rng, c)
+                if k == 0
+                else max(1, int(_lognormal(rng, c.followup_median, 1.0)))
+            )
             out_n = max(1, min(c.max_output, int(_lognormal(rng, c.output_median, c.output_sigma))))
             if context + new + out_n > c.max_context:
                 break
