@@ -268,9 +268,17 @@ class OnlineFit:
         return StepCost(tuple(float(c) for c in coef))
 
 
-def fit(samples: Sequence[tuple[StepShape, float]], prior: StepCost) -> StepCost:
-    """A batch fit (no forgetting) of measured (shape, seconds) steps."""
+def fit(
+    samples: Sequence[tuple[StepShape, float]], prior: StepCost, robust: bool = False
+) -> StepCost:
+    """A batch fit (no forgetting) of measured (shape, seconds) steps; robust: steps far off
+    a first fit are down-weighted in a second (a machine shared with other jobs)."""
     f = OnlineFit(prior, forget=1.0, prior_weight=1e-3, robust_after=math.inf)
-    for shape, seconds in samples:
-        f.observe(shape, seconds)
+    f.observe_many([s for s, _ in samples], [t for _, t in samples])
+    first = f.solve()
+    if not robust:
+        return first
+    f = OnlineFit(first, forget=1.0, prior_weight=1e-3, robust_after=0.0)
+    f._model = first  # weigh every step against the first fit
+    f.observe_many([s for s, _ in samples], [t for _, t in samples])
     return f.solve()

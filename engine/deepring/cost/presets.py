@@ -3,7 +3,9 @@ the cluster simulator.
 
 TINY_CPU: the embedded `tiny` model on one CPU thread, fitted by `deepring simulate
 --calibrate` (sim/calibrate.py) on the dev machine (AMD EPYC, 2 cores shared with other jobs;
-measured 2026-05, fp32, bf16 greedy head). Rerun it to refresh the numbers on another machine.
+fp32, bf16 greedy head), in a quiet moment: with the other jobs busier the same calibration
+gave steps up to twice as long (base 15 ms), which is why every worker fits its own model
+online and this is only where the fit starts. Rerun it to refresh the numbers.
 
 H800_GPU: one H800 GPU as a data-parallel rank of a DeepSeek-V3-style expert-parallel
 deployment, parameterised from DeepSeek's published production figures ("DeepSeek-V3/R1
@@ -26,9 +28,7 @@ from __future__ import annotations
 
 from deepring.cost.model import StepCost
 
-TINY_CPU = StepCost.of(
-    base=6.0e-3, token=1.5e-4, seq=5.0e-4, pair=5.0e-8, context=2.0e-7
-)  # fmt: skip
+TINY_CPU = StepCost.of(base=6.76e-3, token=7.22e-5, seq=1.55e-4, pair=2.2e-8, context=8.48e-7)
 
 H800_GPU = StepCost.of(
     base=20e-3, token=200e-6, seq=50e-6, pair=10e-9, context=12.8e-9
