@@ -165,7 +165,7 @@ class OnlineFit:
         prior: StepCost,
         *,
         forget: float = 0.995,
-        prior_weight: float = 2.0,
+        prior_weight: float = 0.5,
         robust_after: float = 20.0,
         refresh: int = 16,
     ) -> None:
@@ -206,9 +206,10 @@ class OnlineFit:
             return
         weight = 1.0
         if self.samples >= self.robust_after:
-            # Huber-like: a step far off the prediction counts as if it were at the threshold.
+            # Huber-like: a step far off the prediction (a pause: a model that lags a few steps
+            # is never this far off) counts as if it were at the threshold.
             pred = self._model.predict(shape)
-            limit = 0.5 * pred + 2e-3
+            limit = 2.0 * pred + 5e-3
             miss = abs(seconds - pred)
             if miss > limit:
                 weight = limit / miss
