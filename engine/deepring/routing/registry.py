@@ -135,7 +135,7 @@ class WorkerRegistry:
             return sum(s for s, _ in w.booked.values())
         # The report counts what the worker had taken in before its last step.
         covered = w.stats_at - w.stats.lag_s
-        since = sum(s for s, at in w.booked.values() if at > covered)
+        since = sum(s for s, at in w.booked.values() if at >= covered)
         return max(0.0, w.stats.backlog_s - (now - w.stats_at)) + since
 
     def route(
