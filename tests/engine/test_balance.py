@@ -102,10 +102,9 @@ def _relative_max(loads: list[WorkerLoad], router: CostRouter, prompt: int, at: 
     n = len(loads)
     before = [router._decode_load(w, 0, 0) for w in loads]
     after = [router._decode_load(w, 1, prompt + 1) for w in loads]
-    kv_mean = (sum(b[0] for b in before) + sum(a[0] - b[0] for a, b in zip(after, before)) / n) / n
-    step_mean = (
-        sum(b[1] for b in before) + sum(a[1] - b[1] for a, b in zip(after, before)) / n
-    ) / n
+    growth = [(a[0] - b[0], a[1] - b[1]) for a, b in zip(after, before, strict=True)]
+    kv_mean = (sum(b[0] for b in before) + sum(g[0] for g in growth) / n) / n
+    step_mean = (sum(b[1] for b in before) + sum(g[1] for g in growth) / n) / n
     placed = [after[i] if i == at else before[i] for i in range(n)]
     return max(max(kv / kv_mean, step / step_mean) for kv, step in placed)
 
