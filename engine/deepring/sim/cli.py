@@ -24,10 +24,13 @@ def session_work(
     sessions = generate(replace(c, sessions=n, rate=1.0), seed=12345)
     prefill = output = 0.0
     for s in sessions:
-        context = 0
+        context = s.system_tokens  # cached after the application's first session
         for t in s.turns:
             cached = context // block_size * block_size  # the history's full blocks
-            prefill += model.prompt_seconds(context + t.new_tokens - cached, cached, prefill_budget)
+            # Steps of a busy but not backlogged worker hold ~1k tokens, whatever the budget:
+            # each pays the step's base.
+            chunk = min(prefill_budget, 1024)
+            prefill += model.prompt_seconds(context + t.new_tokens - cached, cached, chunk)
             output += t.output_tokens
             context += t.new_tokens + t.output_tokens
     return prefill / n, output / n
@@ -41,7 +44,8 @@ def decode_rate(model: StepCost, batch: int, context: int) -> float:
 def sized_rate(args: argparse.Namespace, shape: TraceConfig, model: StepCost) -> float:
     prefill_s, output = session_work(shape, model, args.prefill_budget, 128)
     batch = max(1, int(0.8 * args.max_num_seqs))
-    per_decode = decode_rate(model, batch, 2 * shape.prompt_median + shape.output_median)
+    context = shape.system_tokens + 2 * shape.prompt_median + shape.output_median
+    per_decode = decode_rate(model, batch, context)
     capacity = min(args.prefill / prefill_s, args.decode * per_decode / output)
     return args.load * capacity
 

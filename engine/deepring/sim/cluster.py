@@ -251,7 +251,10 @@ class Cluster:
         rng = np.random.default_rng((session.sid, k))
         new = rng.integers(2000, 100_000, turn.new_tokens, dtype=np.int32)
         if prev is None:
-            prompt = new
+            system = np.random.default_rng((1 << 40) + session.app)
+            prompt = np.concatenate(
+                [system.integers(2000, 100_000, session.system_tokens, dtype=np.int32), new]
+            )
         else:
             prompt = np.concatenate([prev.prompt, np.asarray(prev.output, np.int32), new])
         st = ReqState(next(self._rids), session, k, prompt, arrival=self.now)

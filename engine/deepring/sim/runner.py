@@ -85,10 +85,14 @@ class SharedBlocks:
         """The full blocks of these tokens are written (a prompt prefilled, an answer done)."""
         self.keys.update(self._chains.chain([*token_ids, 0]))  # + 0: the last block counts too
 
-    def hit(self, token_ids) -> int:
-        """Tokens of the longest written prefix a request of these tokens may start after."""
+    def chain(self, token_ids) -> list[bytes]:
+        """The keys of the blocks a request of these tokens may start after."""
+        return self._chains.chain(token_ids)
+
+    def hit(self, chain: list[bytes]) -> int:
+        """Tokens of the longest written prefix of a request with this chain."""
         n = 0
-        for key in self._chains.chain(token_ids):
+        for key in chain:
             if key not in self.keys:
                 break
             n += 1
@@ -98,20 +102,18 @@ class SharedBlocks:
 class SimPrefix:
     def __init__(self, shared: SharedBlocks) -> None:
         self.shared = shared
-        self._expected: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        self._chains: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
     def ready(self, req) -> bool:
         return True  # the store read is not simulated
 
     def expected_hit(self, req) -> int:
-        hit = self._expected.get(req)
-        if hit is None:  # hashing a long prompt is the costly part: once per request
-            hit = self._expected[req] = self.shared.hit(req.tokens(0, req.num_tokens))
-        return hit
+        chain = self._chains.get(req)
+        if chain is None:  # hashing a long prompt is the costly part: once per request
+            chain = self._chains[req] = self.shared.chain(req.tokens(0, req.num_tokens))
+        return self.shared.hit(chain)
 
     def acquire(self, req, slot: int) -> None:
-        # A request's history is written before it arrives (the previous turn finished), so
-        # the hit found when it was first looked at still holds.
         req.num_cached = req.cache_hit = self.expected_hit(req)
 
     def release(self, req) -> None:

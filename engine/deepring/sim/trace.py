@@ -7,6 +7,9 @@ prefix cache (when the earlier turn finished and its blocks were written). A tur
 `think_s` after the previous one finished (the simulator closes that loop: a slow answer
 delays the next question, as with a real user).
 
+A session may start with its application's system prompt (`apps`, `system_tokens`): the same
+tokens for every session of that application, served by the prefix cache after the first.
+
 Lengths have heavy tails, as production traffic does (most prompts short, a few very long:
 pasted documents, agent transcripts): a lognormal body and, with probability `tail_p`, a Pareto
 tail from `tail_min` with exponent `tail_alpha`, capped at `max_prompt`. Outputs are lognormal,
@@ -32,6 +35,8 @@ class Session:
     sid: int
     start: float  # arrival of the first turn, seconds from the trace's start
     turns: tuple[Turn, ...]
+    app: int = 0  # whose system prompt it starts with (the same tokens for every session)
+    system_tokens: int = 0  # that system prompt's length (0: none)
 
 
 @dataclass(frozen=True)
@@ -52,6 +57,11 @@ class TraceConfig:
     max_turns: int = 8
     think_mean_s: float = 5.0
     max_context: int = 65536  # a session stops before its prompt + answer would pass this
+    # Applications: every session starts with its application's system prompt (instructions,
+    # tool definitions), the same tokens for all its sessions, so the prefix cache serves it
+    # after the first; it makes contexts long and prefill cheap, as agent traffic is.
+    apps: int = 1
+    system_tokens: int = 0  # the median system prompt (lognormal over the applications)
 
     def __post_init__(self) -> None:
         if self.sessions < 1 or not self.rate > 0:
@@ -66,17 +76,22 @@ class TraceConfig:
 
 # Trace shapes for the two step-time presets: the tiny CPU model is ~1000x slower per token.
 SHAPES = {
-    # Decode-heavy, as a 1:4 prefill:decode deployment is sized for: long answers (reasoning),
-    # conversations of a few turns whose history the prefix cache serves.
+    # Decode-heavy, as a 1:4 prefill:decode deployment is sized for: answers several times
+    # longer than the new part of the prompt, conversations whose history the prefix cache
+    # serves; short sessions (two turns on average), so a simulation reaches its steady state
+    # within a minute or two of simulated time.
     "h800": TraceConfig(
-        prompt_median=200,
+        prompt_median=100,
         tail_p=0.02,
         tail_alpha=1.2,
-        followup_median=100,
-        output_median=600,
+        followup_median=50,
+        output_median=400,
         output_sigma=1.0,
         max_output=4096,
-        mean_turns=3.0,
+        mean_turns=2.0,
+        think_mean_s=2.0,
+        apps=16,
+        system_tokens=3000,
     ),
     "tiny-cpu": TraceConfig(
         prompt_median=120,
@@ -113,7 +128,9 @@ def generate(c: TraceConfig, seed: int = 0) -> list[Session]:
         n_turns = 1
         while n_turns < c.max_turns and rng.random() > 1.0 / c.mean_turns:
             n_turns += 1
-        turns, context = [], 0
+        app = rng.randrange(c.apps)
+        system = _system_tokens(c, app)
+        turns, context = [], system
         for k in range(n_turns):
             new = (
                 prompt_length(rng, c)
@@ -126,8 +143,15 @@ def generate(c: TraceConfig, seed: int = 0) -> list[Session]:
             think = rng.expovariate(1.0 / c.think_mean_s) if k else 0.0
             turns.append(Turn(new, out_n, think))
             context += new + out_n
-        out.append(Session(sid, t, tuple(turns)))
+        out.append(Session(sid, t, tuple(turns), app, system))
     return out
+
+
+def _system_tokens(c: TraceConfig, app: int) -> int:
+    if not c.system_tokens:
+        return 0
+    n = _lognormal(random.Random(app * 7919 + 1), c.system_tokens, 0.5)
+    return min(int(n), c.max_context // 4)
 
 
 def stats(sessions: list[Session]) -> dict:
