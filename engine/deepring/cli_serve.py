@@ -16,7 +16,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from deepring import cli_security, env
+from deepring import cli_sched, cli_security, env
 from deepring.config import EngineSpec, FrontendConfig, ServeConfig, WorkerConfig, check_address
 
 
@@ -75,6 +75,7 @@ def _add_engine_args(p: argparse.ArgumentParser, max_num_seqs: int = 64) -> None
         "the model is loaded (CUDA: the device's; CPU: the host's available memory)",
     )
     _add_prefix_args(p)
+    cli_sched.add_pacing_args(p)
 
 
 def _add_prefix_args(p: argparse.ArgumentParser) -> None:
@@ -168,10 +169,11 @@ def _engine_spec(
         swa_ttl_s=args.swa_ttl,
         chat_ttl_s=args.chat_ttl,
         agent_ttl_s=args.agent_ttl,
+        **cli_sched.pacing_settings(args),
     )
 
 
-def _add_frontend_args(p: argparse.ArgumentParser) -> None:
+def _add_frontend_args(p: argparse.ArgumentParser, frontend_only: bool = False) -> None:
     g = p.add_argument_group("HTTP frontend")
     g.add_argument("--host", default="127.0.0.1")
     g.add_argument("--port", type=int, default=8000, help="0: any free port (printed)")
@@ -279,6 +281,7 @@ def _add_frontend_args(p: argparse.ArgumentParser) -> None:
         "room) fails with 503 (default 60)",
     )
     cli_security.add_api_key_args(p)
+    cli_sched.add_router_args(p, tbt_target=frontend_only)
 
 
 def _served_names(args: argparse.Namespace) -> tuple[str, ...]:
@@ -306,6 +309,8 @@ def _frontend_config(
         default_max_tokens=args.default_max_tokens,
         expect_prefill=n_prefill,
         expect_decode=n_decode,
+        router=args.router,
+        tbt_target_ms=args.tbt_target,
         max_queued_requests=args.max_queued_requests,
         max_reroutes=args.max_reroutes,
         reroute_deadline=args.reroute_deadline,
@@ -502,7 +507,7 @@ def add_serving_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--num-prefill", type=int, default=1, help="prefill workers to wait for")
     p.add_argument("--num-decode", type=int, default=1, help="decode workers to wait for")
     p.add_argument("--model", default="tiny", help="only names the served model")
-    _add_frontend_args(p)
+    _add_frontend_args(p, frontend_only=True)
     cli_security.add_ring_args(p)
     p.set_defaults(func=_frontend)
 

@@ -14,6 +14,9 @@ ROLES = ("prefill", "decode")
 # The prefix cache's TTL classes (EngineSpec.chat_ttl_s / agent_ttl_s).
 CACHE_CLASSES = ("chat", "agent")
 SWA_REPLAY = ("exact", "bounded")
+# How the frontend picks workers: routing.router (queued tokens, free slots and blocks) or
+# routing.balance (the workers' step-time models and load reports).
+ROUTERS = ("tokens", "cost")
 _ADDR_SCHEMES = ("ipc://", "tcp://", "inproc://")
 
 
@@ -94,6 +97,12 @@ class EngineSpec:
     max_model_len: int = 4096
     max_num_seqs: int = 64
     max_num_batched_tokens: int = 2048
+    # Chunk sizes from a latency target (cost.pacer): a step carrying decode tokens takes the
+    # largest prefill chunk that keeps its predicted time under tbt_target_ms (None: the token
+    # budget alone); ttft_target_ms lets a prompt exceed that to make its first-token deadline.
+    tbt_target_ms: float | None = None
+    ttft_target_ms: float | None = None
+    min_chunk_tokens: int = 16  # a mixed step's prefill still gets this many when over target
     num_blocks: int | None = None  # None: room for max_num_seqs requests of max_model_len
     block_size: int = 128
     cpu_threads: int | None = 1  # torch intra-op threads on CPU (roles share the cores)
@@ -126,6 +135,14 @@ class EngineSpec:
             )
         if not self.zero_cost_step_ms >= 0:
             raise ValueError("zero_cost_step_ms must be >= 0")
+        for name in ("tbt_target_ms", "ttft_target_ms"):
+            value = getattr(self, name)
+            if value is not None and not 0 < value < 1e7:
+                raise ValueError(f"{name} must be > 0")
+        if self.ttft_target_ms is not None and self.tbt_target_ms is None:
+            raise ValueError("a TTFT target paces mixed steps: it needs a TBT target too")
+        if self.min_chunk_tokens < 1:
+            raise ValueError("min_chunk_tokens must be >= 1")
         if self.cpu_threads is not None and self.cpu_threads < 1:
             raise ValueError("cpu_threads must be >= 1")
         if self.kv_cache_memory is not None and self.kv_cache_memory < 1:
@@ -148,6 +165,19 @@ class EngineSpec:
         if cache_class not in CACHE_CLASSES:
             raise ValueError(f"cache class must be one of {CACHE_CLASSES}, got {cache_class!r}")
         return self.agent_ttl_s if cache_class == "agent" else self.chat_ttl_s
+
+    def pacing(self):
+        """The chunk pacer's settings (cost.pacer.PacerConfig), None without a TBT target."""
+        if self.tbt_target_ms is None:
+            return None
+        from deepring.cost.pacer import PacerConfig
+
+        ttft = self.ttft_target_ms
+        return PacerConfig(
+            tbt_target_s=self.tbt_target_ms / 1000,
+            ttft_target_s=ttft / 1000 if ttft is not None else None,
+            min_chunk=self.min_chunk_tokens,
+        )
 
     @property
     def blocks_per_seq(self) -> int:
@@ -231,6 +261,11 @@ class FrontendConfig:
     # Output cap for requests that set no max_tokens: None is 256 for a model with random
     # weights (which never ends an answer) and the protocol's default otherwise.
     default_max_tokens: int | None = None
+    # Worker choice (ROUTERS): "cost" (routing.balance) or "tokens" (routing.router).
+    router: str = "cost"
+    # The decode workers' TBT target, if they have one: the cost router measures a decode
+    # worker's predicted step time against it.
+    tbt_target_ms: float | None = None
     expect_prefill: int = 1  # ready only when this many prefill workers are registered
     expect_decode: int = 1
     max_queued_requests: int = 256  # requests waiting beyond the decode slots; then 429
@@ -270,6 +305,10 @@ class FrontendConfig:
             raise ValueError(f"port must be in [0, 65535], got {self.port}")
         if self.expect_prefill < 1 or self.expect_decode < 1:
             raise ValueError("need at least one prefill and one decode worker")
+        if self.router not in ROUTERS:
+            raise ValueError(f"router must be one of {ROUTERS}, got {self.router!r}")
+        if self.tbt_target_ms is not None and not 0 < self.tbt_target_ms < 1e7:
+            raise ValueError("tbt_target_ms must be > 0")
         if self.max_queued_requests < 0:
             raise ValueError("max_queued_requests must be >= 0")
         if self.max_reroutes < 0 or not self.reroute_deadline > 0:

@@ -77,6 +77,10 @@ VALID = [
         preemptions=0,
         prefix_cache={},
         dropped={},
+        step_cost=[0.0] * 5,
+        backlog_s=0.0,
+        lag_s=0.0,
+        context_tokens=0,
     ),
     Shutdown(drain=False, timeout=0.0),
     Tokens(

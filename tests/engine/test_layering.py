@@ -104,6 +104,21 @@ def test_no_cycle_between_packages():
         ("kernels", {"model", "core", "worker", "frontend"}),
         ("model", {"core", "worker", "frontend"}),
         ("core", {"worker", "frontend"}),
+        # The step-time model is shared by workers, routers and the simulator: numpy only.
+        (
+            "cost",
+            {
+                "worker",
+                "model",
+                "core",
+                "frontend",
+                "kernels",
+                "cache",
+                "routing",
+                "ipc",
+                "ext:torch",
+            },
+        ),
     ],
 )
 def test_what_each_package_may_not_reach(package, forbidden):

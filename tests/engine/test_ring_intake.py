@@ -59,7 +59,8 @@ def _stats(wid: str, gen: int, **kw) -> Stats:
     base = dict(
         waiting=0, running=0, free_slots=4, num_slots=4, used_blocks=0, num_blocks=40,
         queued_tokens=0, steps=1, step_seconds=0.5, generated=3, preemptions=0,
-        prefix_cache={"hit_tokens": 0}, dropped={},
+        prefix_cache={"hit_tokens": 0}, dropped={}, step_cost=[0.01, 1e-4, 1e-4, 1e-8, 1e-8],
+        backlog_s=0.0, lag_s=0.0, context_tokens=0,
     )  # fmt: skip
     return Stats(worker=wid, gen=gen, **{**base, **kw})
 
@@ -190,6 +191,14 @@ def test_forged_load_reports_are_dropped(new_client):
         _stats("decode-0", 5, prefix_cache={"hit_tokens": "many"}),
         _stats("decode-0", 5, prefix_cache={"hit_tokens": True}),
         _stats("decode-0", 5, dropped={"malformed": -1}),
+        _stats("decode-0", 5, step_cost=[0.01, 1e-4, 1e-4, 1e-8]),  # a coefficient short
+        _stats("decode-0", 5, step_cost=[0.01, -1e-4, 1e-4, 1e-8, 0.0]),
+        _stats("decode-0", 5, step_cost=[0.01, float("inf"), 1e-4, 1e-8, 0.0]),
+        _stats("decode-0", 5, step_cost=[0.01, "1e-4", 1e-4, 1e-8, 0.0]),
+        _stats("decode-0", 5, backlog_s=float("nan")),
+        _stats("decode-0", 5, backlog_s=-1.0),
+        _stats("decode-0", 5, lag_s=float("inf")),
+        _stats("decode-0", 5, context_tokens=-3),
         _stats("decode-1", 5),
     ]
     for s in forged:

@@ -82,6 +82,10 @@ SAMPLES = [
         preemptions=11,
         prefix_cache={"hit_tokens": 128, "store_directory_errors": 0},
         dropped={"malformed": 3},
+        step_cost=[0.01, 2e-4, 5e-5, 1e-8, 1.3e-8],
+        backlog_s=2.5,
+        lag_s=0.01,
+        context_tokens=12,
     ),
     Shutdown(drain=True, timeout=30.0),
     Tokens(

@@ -19,6 +19,7 @@ from deepring.core.prefix import PrefixConfig, Store
 from deepring.core.runner import ModelRunner, Runner, cpu_setup
 from deepring.core.scheduler import SchedulerConfig
 from deepring.core.zero_cost import ZeroCostRunner, text_token_ids
+from deepring.cost.presets import prior_for
 from deepring.model.config import ModelConfig
 from deepring.model.model import DeepseekV4
 
@@ -107,6 +108,8 @@ def build_engine(spec: EngineSpec, *, progress: bool = False, loaded=None) -> Bu
         max_model_len=spec.max_model_len,
         vocab_size=config.vocab_size,
         eos_token_ids=config.eos_token_ids,
+        cost_prior=prior_for(device.type),
+        pacing=spec.pacing(),
     )
     engine.tokenizer_path = _tokenizer_in(path)  # what output constraints compile against
     if spec.prefix_cache and model is not None:

@@ -26,6 +26,9 @@ from deepring.core.prefix import PrefixCache, PrefixConfig, Store
 from deepring.core.request import Request, Status
 from deepring.core.runner import Runner
 from deepring.core.scheduler import Scheduler, SchedulerConfig
+from deepring.cost.model import OnlineFit, StepCost, StepShape
+from deepring.cost.pacer import Pacer, PacerConfig
+from deepring.cost.presets import TINY_CPU
 from deepring.sampling.params import SamplingParams, TokenLogprob
 from deepring.structured.constraint import Constraint
 
@@ -50,7 +53,13 @@ class EngineCore:
         max_model_len: int,
         vocab_size: int,
         eos_token_ids: tuple[int, ...] = (),
+        cost_prior: StepCost = TINY_CPU,
+        pacing: PacerConfig | None = None,
+        clock: Callable[[], float] = time.perf_counter,
     ) -> None:
+        """cost_prior: the step-time model the online fit starts from (cost.presets); pacing: a
+        latency target for chunk sizes (cost.pacer); clock: what steps are timed with (the
+        simulator passes its simulated time)."""
         if scheduler.max_num_seqs > cache.num_slots:
             raise ValueError("max_num_seqs exceeds the number of state slots")
         if max_model_len < 2:
@@ -72,6 +81,13 @@ class EngineCore:
         # build_engine), and the compiler, made on the first constrained request.
         self.tokenizer_path: Path | None = None
         self._grammars = None
+        # Every step is timed and fitted (cost.model): the pacer predicts with it, and the load
+        # report carries it to the routers.
+        self.clock = clock
+        self.cost = OnlineFit(cost_prior)
+        self.last_step: tuple[StepShape, float] | None = None
+        if pacing is not None:
+            self.scheduler.pacer = Pacer(pacing, lambda: self.cost.model, clock)
 
     @property
     def pool(self) -> KVCachePool | None:
@@ -282,7 +298,7 @@ class EngineCore:
 
     def step(self) -> list[StepResult]:
         """One scheduled step. Finished requests are freed before this returns."""
-        t0 = time.perf_counter()
+        t0 = self.clock()
         scheduled = self.scheduler.schedule()
         if not scheduled:
             if self.prefix is not None and self.scheduler.waiting:
@@ -290,6 +306,7 @@ class EngineCore:
                 self.prefix.wait_reads(list(self.scheduler.waiting), timeout=0.01)
             return []
         self.num_steps += 1
+        shape = StepShape.of((s.num_tokens, s.request.num_cached) for s in scheduled)
         tokens = self.runner.step(scheduled)
         if self.prefix is not None:
             self.prefix.after_step([s.request for s in scheduled])
@@ -311,11 +328,31 @@ class EngineCore:
                     self.finish(req, reason)
                     done = True
             results.append(StepResult(req, tok, done, lp))
-        self.step_seconds += time.perf_counter() - t0
+        took = self.clock() - t0
+        self.step_seconds += took
+        self.cost.observe(shape, took)
+        self.last_step = (shape, took)
         return results
+
+    def _backlog_s(self, model: StepCost, budget: int) -> float:
+        """Predicted seconds of the prompt work in hand (what a prefill router waits on). A
+        request not admitted yet starts after the prefix the cache will likely serve it."""
+        s = self.scheduler
+        total = 0.0
+        for r in s.running:
+            if r.pending > 1:
+                total += model.prompt_seconds(r.pending, r.num_cached, budget)
+        for r in s.waiting:
+            start = r.num_cached
+            if start == 0 and s.prefix is not None:
+                start = s.prefix.expected_hit(r)
+            total += model.prompt_seconds(r.num_tokens - start, start, budget)
+        return total
 
     def load(self) -> dict:
         s = self.scheduler
+        model = self.cost.model
+        budget = s.config.max_num_batched_tokens
         return {
             "waiting": len(s.waiting),
             "running": len(s.running),
@@ -329,4 +366,8 @@ class EngineCore:
             "generated": self.num_generated,
             "preemptions": s.num_preemptions,
             "prefix_cache": self.prefix.report() if self.prefix is not None else {},
+            "step_cost": model.to_wire(),
+            "backlog_s": self._backlog_s(model, budget),
+            # Tokens the running requests hold: a decode step's attention reads them all.
+            "context_tokens": sum(r.num_tokens for r in s.running),
         }

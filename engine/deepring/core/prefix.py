@@ -186,6 +186,18 @@ class PrefixCache:
             req.fetched = {}
         return True
 
+    def expected_hit(self, req: Request) -> int:
+        """Prompt tokens the cache will likely serve a waiting request at admission: its
+        leading blocks in the device or host tier or already read from the store (a read in
+        flight counts nothing). For the load report (EngineCore.load)."""
+        fetched = req.fetched or {}
+        n = 0
+        for key in req.block_keys[: self._usable(req)]:
+            if not (self._local(key) or key in fetched):
+                break
+            n += 1
+        return n * self.block_size
+
     # ---- admission -----------------------------------------------------------------------------
 
     def acquire(self, req: Request, slot: int) -> None:

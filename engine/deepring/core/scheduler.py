@@ -21,6 +21,7 @@ from deepring.core.request import Request, Status
 
 if TYPE_CHECKING:
     from deepring.core.prefix import PrefixCache
+    from deepring.cost.pacer import Pacer
 
 
 @dataclass(frozen=True)
@@ -65,6 +66,8 @@ class Scheduler:
         self.num_preemptions = 0
         self.prefix: PrefixCache | None = None  # set by the engine when prefix caching is on
         self.window = 1  # the model's sliding window (replayed chunks need >= 2 rows in it)
+        # Chunk sizes from a latency target (cost.pacer), set by the engine when one is given.
+        self.pacer: Pacer | None = None
 
     def add(self, req: Request) -> None:
         req.status = Status.WAITING
@@ -118,6 +121,8 @@ class Scheduler:
         n = min(req.pending, budget)
         if self.config.max_chunk_tokens is not None:
             n = min(n, self.config.max_chunk_tokens)
+        if self.pacer is not None:
+            n = self.pacer.chunk(req, n)  # the latency target's share of the budget
         if req.snapshot_at is not None and req.num_cached < req.snapshot_at:
             n = min(n, req.snapshot_at - req.num_cached)  # the ring is snapshotted there
         floor = req.window_floor
@@ -127,6 +132,8 @@ class Scheduler:
 
     def schedule(self) -> list[Scheduled]:
         budget = self.config.max_num_batched_tokens
+        if self.pacer is not None:
+            self.pacer.begin(self.running)
         out: list[Scheduled] = []
         i = 0
         while i < len(self.running) and budget > 0:

@@ -292,6 +292,11 @@ class App:
                     "generated_tokens_total": s.generated if s else 0,
                     "steps_total": s.steps if s else 0,
                     "step_seconds_total": round(s.step_seconds, 6) if s else 0.0,
+                    "preemptions_total": s.preemptions if s else 0,
+                    # The worker's fitted step-time model (cost.model.FEATURES) and the
+                    # prompt work it holds, in predicted seconds: what the cost router reads.
+                    "step_cost": s.step_cost if s else [],
+                    "backlog_seconds": round(s.backlog_s, 6) if s else 0.0,
                     "prefix_cache": s.prefix_cache if s else {},
                     "ring_dropped": s.dropped if s else {},
                 }

@@ -62,7 +62,13 @@ class EngineClient:
         self.ctx = zmq.Context(io_threads=1)
         self.sock: zmq.Socket | None = None
         self.loop: asyncio.AbstractEventLoop | None = None
-        self.registry = WorkerRegistry(config.expect_prefill, config.expect_decode)
+        tbt = config.tbt_target_ms
+        self.registry = WorkerRegistry(
+            config.expect_prefill,
+            config.expect_decode,
+            router=config.router,
+            tbt_target_s=tbt / 1000 if tbt is not None else None,
+        )
         self.intake = RingIntake(self.registry, self.metrics)
         self.security = RingSecurity(None)
         self._estimate = PrefixEstimate()
@@ -442,7 +448,7 @@ class EngineClient:
             self._on_tokens(w, msg)
         elif isinstance(msg, Stats):
             if msg.gen == w.gen:
-                w.stats = msg
+                self.registry.report(w, msg)
         else:
             log.warning("dropped an unexpected %s message from %s", msg.TYPE, wid)
 

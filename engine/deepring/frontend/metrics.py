@@ -205,6 +205,8 @@ class Metrics:
             ("generated_tokens_total", "Tokens the worker sampled since it started."),
             ("steps_total", "Engine steps the worker ran since it started."),
             ("step_seconds_total", "Wall time the worker spent in engine steps."),
+            ("preemptions_total", "Requests the worker preempted (to be recomputed)."),
+            ("backlog_seconds", "Predicted seconds of the prompt work the worker holds."),
         ):
             metric(
                 f"deepring_worker_{key}",

@@ -165,7 +165,7 @@ class Stats(Message):
     """A worker's load, for the router and /metrics."""
 
     TYPE: ClassVar[str] = "stats"
-    VERSION: ClassVar[int] = 3
+    VERSION: ClassVar[int] = 4
     worker: str
     gen: int
     waiting: int  # requests queued in the worker (incl. handoffs not admitted yet)
@@ -181,6 +181,14 @@ class Stats(Message):
     preemptions: int
     prefix_cache: dict  # the prefix cache's counters (core.prefix report; {} when it is off)
     dropped: dict  # ring messages the worker dropped since start, by reason (ipc.drops)
+    # The worker's step-time model, fitted on its own steps: coefficients in seconds per unit
+    # of cost.model.FEATURES (base, tokens, seqs, prefill_pairs, decode_context).
+    step_cost: list
+    backlog_s: float  # predicted seconds of the prompt work it holds (that model)
+    # Seconds since the worker last took its messages: what reached it since (requests sent
+    # to it while it ran the step before this report) is not counted in this report.
+    lag_s: float
+    context_tokens: int  # tokens held by its running requests (a decode step reads them all)
 
 
 @dataclass(frozen=True, eq=False)

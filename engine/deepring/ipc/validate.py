@@ -19,6 +19,7 @@ import re
 from typing import Any
 
 from deepring.config import ROLES, check_address
+from deepring.cost.model import StepCost
 from deepring.ipc.messages import HEALTH_STATES, Health, Stats, Tokens
 from deepring.sampling.params import LOGPROB_FLOOR, MAX_TOP_LOGPROBS
 from deepring.structured.constraint import MAX_GRAMMAR_CHARS, Constraint
@@ -96,6 +97,12 @@ _READY_INFO = {
 }
 
 
+# Facts a `ready` may carry (checked when present).
+_READY_OPTIONAL = {
+    "max_num_batched_tokens": lambda v: _is_int(v, 1, 2**31),
+}
+
+
 def ready_problem(route: bytes, msg: Health) -> str | None:
     """Whether a `ready` is a registration the frontend can trust its facts from."""
     problem = health_problem(route, msg)
@@ -108,6 +115,9 @@ def ready_problem(route: bytes, msg: Health) -> str | None:
         if name not in info:
             return f"info lacks {name!r}"
         if not ok(info[name]):
+            return f"info {name} = {info[name]!r:.40} is out of bounds or of the wrong type"
+    for name, ok in _READY_OPTIONAL.items():
+        if name in info and not ok(info[name]):
             return f"info {name} = {info[name]!r:.40} is out of bounds or of the wrong type"
     role = info["role"]
     if not msg.worker.startswith(role + "-"):
@@ -134,7 +144,10 @@ _STATS_COUNTS = (
     "steps",
     "generated",
     "preemptions",
+    "context_tokens",
 )
+# A prefill backlog beyond a year is a broken report, not a queue.
+_MAX_BACKLOG_S = 365 * 86400.0
 
 
 def _counter_map(d: dict, what: str) -> str | None:
@@ -156,6 +169,14 @@ def stats_problem(msg: Stats) -> str | None:
             return f"{name} = {value!r:.40}"
     if not (math.isfinite(msg.step_seconds) and msg.step_seconds >= 0):
         return f"step_seconds = {msg.step_seconds!r:.40}"
+    for name in ("backlog_s", "lag_s"):
+        value = getattr(msg, name)
+        if not (math.isfinite(value) and 0 <= value <= _MAX_BACKLOG_S):
+            return f"{name} = {value!r:.40}"
+    try:
+        StepCost.from_wire(msg.step_cost)
+    except ValueError as e:
+        return f"step_cost: {e}"
     if msg.free_slots > msg.num_slots or msg.running > msg.num_slots:
         return "more free or running slots than slots"
     if msg.used_blocks > msg.num_blocks:

@@ -25,7 +25,8 @@ class PrefixEstimate:
         self.capacity = capacity
         self._seen: OrderedDict[bytes, None] = OrderedDict()
 
-    def _chain(self, prompt_ids) -> list[bytes]:
+    def chain(self, prompt_ids) -> list[bytes]:
+        """The digests of the prompt's full blocks that a hit may cover, first to last."""
         bs = self.block_size
         ids = np.asarray(prompt_ids, dtype="<u4")
         n = (len(ids) - 1) // bs  # a hit always leaves a token to compute
@@ -40,7 +41,7 @@ class PrefixEstimate:
     def cached_tokens(self, prompt_ids) -> int:
         """Tokens of the prompt's longest remembered prefix of full blocks; the prompt's blocks
         are remembered from now on."""
-        chain = self._chain(prompt_ids)
+        chain = self.chain(prompt_ids)
         hit = 0
         for key in chain:
             if key not in self._seen:

@@ -10,11 +10,15 @@ receives, and tells the registry what happened.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from deepring.config import ROLES
+from deepring.config import ROLES, ROUTERS
+from deepring.cost.model import StepCost
+from deepring.cost.presets import TINY_CPU
 from deepring.ipc.messages import Health, Stats
-from deepring.routing.router import Router, WorkerLoad
+from deepring.routing.balance import CostRouter
+from deepring.routing.router import Reported, Router, WorkerLoad
 
 
 @dataclass(eq=False)
@@ -29,14 +33,35 @@ class WorkerState:
     stats: Stats | None = None
     rids: set[int] = field(default_factory=set)  # requests it holds
     route: bytes = b""  # the ZeroMQ routing id of this incarnation (ipc.validate.worker_route)
+    stats_at: float = 0.0  # when `stats` arrived
+    # Prefill: the predicted seconds of each request sent to it and not prefilled yet, and
+    # when it was sent (work sent after its last report is not in that report's backlog).
+    booked: dict[int, tuple[float, float]] = field(default_factory=dict)
 
 
 class WorkerRegistry:
-    def __init__(self, expect_prefill: int, expect_decode: int) -> None:
+    def __init__(
+        self,
+        expect_prefill: int,
+        expect_decode: int,
+        router: str = "tokens",
+        tbt_target_s: float | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        """router: "tokens" (routing.router: queued tokens, free slots and blocks) or "cost"
+        (routing.balance: the workers' step-time models and reports)."""
+        if router not in ROUTERS:
+            raise ValueError(f"router must be one of {ROUTERS}, got {router!r}")
         self.expect = {"prefill": expect_prefill, "decode": expect_decode}
         self.workers: dict[str, WorkerState] = {}
-        self.router = Router()
+        self.router: Router | CostRouter = (
+            CostRouter(tbt_target_s=tbt_target_s) if router == "cost" else Router()
+        )
+        self.clock = clock
         self.seen_pids: set[int] = set()  # workers that announced themselves ready
+        # Requests not prefilled yet: rid -> (its decode worker, prompt tokens), which that
+        # worker's reports cannot contain.
+        self._in_prefill: dict[int, tuple[str, int]] = {}
 
     # ---- membership ----------------------------------------------------------------------------
 
@@ -51,10 +76,11 @@ class WorkerRegistry:
             worker=wid,
             num_slots=int(info.get("num_slots", 1)),
             num_blocks=int(info.get("num_blocks", 1)),
+            chunk=int(info.get("max_num_batched_tokens", 2048)),
         )
         if role == "decode" and "block_size" in info:
             self.router.block_size = int(info["block_size"])
-        w = WorkerState(wid, role, msg.gen, msg.pid, info, time.monotonic(), load, route=route)
+        w = WorkerState(wid, role, msg.gen, msg.pid, info, self.clock(), load, route=route)
         self.workers[wid] = w
         self.seen_pids.add(msg.pid)
         return w
@@ -90,13 +116,40 @@ class WorkerRegistry:
 
     # ---- load bookkeeping ----------------------------------------------------------------------
 
+    def report(self, w: WorkerState, msg: Stats) -> None:
+        """A load report from w (checked by ipc.validate: its step cost parses)."""
+        w.stats = msg
+        w.stats_at = self.clock()
+        w.load.cost = StepCost.from_wire(msg.step_cost)
+        if w.role == "decode":
+            w.load.reported = Reported(
+                msg.running + msg.waiting, msg.context_tokens, msg.used_blocks
+            )
+
+    def backlog_s(self, w: WorkerState, now: float) -> float:
+        """Predicted seconds of prompt work ahead of a request sent to prefill worker w now:
+        its last report's backlog less the time since (it has been working on it), plus what
+        was sent to it that the report could not count (sent after the worker last took its
+        messages: Stats.lag_s)."""
+        if w.stats is None:
+            return sum(s for s, _ in w.booked.values())
+        # The report counts what the worker had taken in before its last step.
+        covered = w.stats_at - w.stats.lag_s
+        since = sum(s for s, at in w.booked.values() if at >= covered)
+        return max(0.0, w.stats.backlog_s - (now - w.stats_at)) + since
+
     def route(
         self, n_tokens: int, uncached: int | None = None
     ) -> tuple[WorkerState, WorkerState] | None:
         """The prefill and decode workers for a prompt of n_tokens of which `uncached` must be
         computed (default all; None: no ready pair)."""
         todo = n_tokens if uncached is None else uncached
-        pre = self.router.pick_prefill([w.load for w in self.ready_workers("prefill")], todo)
+        prefill = self.ready_workers("prefill")
+        if isinstance(self.router, CostRouter):
+            now = self.clock()
+            for w in prefill:
+                w.load.backlog_s = self.backlog_s(w, now)
+        pre = self.router.pick_prefill([w.load for w in prefill], todo, n_tokens)
         dec = self.router.pick_decode([w.load for w in self.ready_workers("decode")], n_tokens)
         if pre is None or dec is None:
             return None
@@ -107,12 +160,19 @@ class WorkerRegistry:
     ) -> None:
         """A request was sent to prefill worker p (which computes `uncached` of its n_tokens,
         default all), to be handed to decode worker d."""
+        todo = n_tokens if uncached is None else uncached
         p.rids.add(rid)
         p.load.requests += 1
-        p.load.queued_tokens += n_tokens if uncached is None else uncached
+        p.load.queued_tokens += todo
+        model = p.load.cost or TINY_CPU  # CostRouter's fallback too
+        seconds = model.prompt_seconds(todo, n_tokens - todo, p.load.chunk)
+        p.booked[rid] = (seconds, self.clock())
         d.rids.add(rid)
         d.load.requests += 1
         d.load.used_tokens += n_tokens
+        d.load.in_prefill += 1
+        d.load.in_prefill_tokens += n_tokens
+        self._in_prefill[rid] = (d.id, n_tokens)
 
     def prefilled(self, rid: int, n_tokens: int, p: WorkerState) -> None:
         """The request's first token is in: its prompt is off p's queue."""
@@ -120,6 +180,17 @@ class WorkerRegistry:
             p.rids.discard(rid)
             p.load.requests -= 1
             p.load.queued_tokens -= n_tokens
+            p.booked.pop(rid, None)
+        self._left_prefill(rid)
+
+    def _left_prefill(self, rid: int) -> None:
+        """The request is off its prefill worker: its decode worker's reports count it now."""
+        entry = self._in_prefill.pop(rid, None)
+        if entry is not None:
+            d = self.get(entry[0])
+            if d is not None:
+                d.load.in_prefill -= 1
+                d.load.in_prefill_tokens -= entry[1]
 
     def grew(self, rid: int, decode: str | None, count: int) -> None:
         """The request holds `count` more tokens on its decode worker."""
@@ -142,6 +213,7 @@ class WorkerRegistry:
         p = self.get(prefill)
         if p is not None:
             self.prefilled(rid, n_tokens if uncached is None else uncached, p)
+        self._left_prefill(rid)
         d = self.get(decode)
         if d is not None and rid in d.rids:
             d.rids.discard(rid)

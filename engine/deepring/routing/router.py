@@ -19,6 +19,19 @@ from __future__ import annotations
 import itertools
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from deepring.cost.model import StepCost
+
+
+@dataclass(frozen=True)
+class Reported:
+    """What a decode worker's last load report said it holds."""
+
+    requests: int  # running + waiting to be admitted
+    tokens: int  # context of its running requests
+    blocks: int  # KV blocks in use
 
 
 @dataclass
@@ -30,6 +43,13 @@ class WorkerLoad:
     num_slots: int = 1  # decode: batch slots
     num_blocks: int = 1  # decode: KV blocks
     used_tokens: int = 0  # decode: tokens held by its requests (prompt + generated)
+    # For the cost router (routing.balance), kept by the registry from the worker's reports:
+    cost: StepCost | None = None  # its step-time model (None: not reported yet)
+    chunk: int = 2048  # prefill: its step's token budget
+    backlog_s: float = 0.0  # prefill: predicted seconds of prompt work ahead of a new request
+    reported: Reported | None = None  # decode: its last report
+    in_prefill: int = 0  # decode: this frontend's requests for it still in prefill
+    in_prefill_tokens: int = 0  # and their prompt tokens
 
     def free_slots(self) -> int:
         return max(0, self.num_slots - self.requests)
@@ -38,6 +58,23 @@ class WorkerLoad:
         # Every request holds a partly filled last block, hence + requests.
         used = -(-self.used_tokens // block_size) + self.requests
         return max(0, self.num_blocks - used)
+
+    # Decode load as the larger of the frontend's view and the worker's report (plus what the
+    # report cannot contain yet: requests still in prefill).
+    def est_requests(self) -> int:
+        r = self.reported
+        return max(self.requests, r.requests + self.in_prefill if r else 0)
+
+    def est_tokens(self) -> int:
+        r = self.reported
+        return max(self.used_tokens, r.tokens + self.in_prefill_tokens if r else 0)
+
+    def est_blocks(self, block_size: int) -> int:
+        own = -(-self.used_tokens // block_size) + self.requests
+        r = self.reported
+        if r is None:
+            return own
+        return max(own, r.blocks + -(-self.in_prefill_tokens // block_size) + self.in_prefill)
 
 
 class Router:
@@ -51,10 +88,14 @@ class Router:
         self._decode_turn = itertools.count()
 
     def pick_prefill(
-        self, loads: Iterable[WorkerLoad], uncached_tokens: int | Mapping[str, int]
+        self,
+        loads: Iterable[WorkerLoad],
+        uncached_tokens: int | Mapping[str, int],
+        prompt_tokens: int | None = None,
     ) -> WorkerLoad | None:
         """The prefill worker with the least work after taking this request. uncached_tokens:
-        the prompt tokens each worker would compute (one number when it is the same for all)."""
+        the prompt tokens each worker would compute (one number when it is the same for all);
+        prompt_tokens (the whole prompt) is not used by this router."""
         best, best_key = None, None
         turn = next(self._prefill_turn)
         ready = [w for w in loads if w.ready]

@@ -55,6 +55,7 @@ def engine_info(config: WorkerConfig, built: BuiltEngine) -> dict:
         "num_slots": eng.slots.num_slots,
         "num_blocks": spec.total_blocks,
         "block_size": eng.block_size,
+        "max_num_batched_tokens": eng.scheduler.config.max_num_batched_tokens,
         "tokenizer": str(tok) if tok is not None else None,
     }
 
@@ -260,7 +261,11 @@ def run_worker(config: WorkerConfig, loaded=None) -> int:
 
     def stats() -> None:
         msg = Stats(
-            worker=config.worker_id, gen=gen, dropped=dict(link.drops.counts), **role.load()
+            worker=config.worker_id,
+            gen=gen,
+            dropped=dict(link.drops.counts),
+            lag_s=max(0.0, time.monotonic() - polled_at),
+            **role.load(),
         )
         for i in links:
             link.notify(msg, i)
@@ -274,6 +279,7 @@ def run_worker(config: WorkerConfig, loaded=None) -> int:
     def where(i: int) -> str:
         return "the frontend" if len(links) == 1 else f"frontend {config.frontend_addrs[i]}"
 
+    polled_at = time.monotonic()  # when the loop last took its messages (Stats.lag_s)
     lost = [False] * len(links)  # a frontend not heard from for the heartbeat timeout
     unannounced = [False] * len(links)  # see health()
     for i in links:
@@ -291,7 +297,7 @@ def run_worker(config: WorkerConfig, loaded=None) -> int:
         while True:
             timeout = 0.0 if role.busy else max(0.0, next_beat - time.monotonic())
             msgs, heard = link.poll(timeout)
-            now = time.monotonic()
+            now = polled_at = time.monotonic()
             for i in heard:
                 if lost[i]:
                     log.info("%s is back", where(i))
@@ -322,7 +328,9 @@ def run_worker(config: WorkerConfig, loaded=None) -> int:
             if role.busy:
                 role.step()
                 now = time.monotonic()
-                if now >= next_stats:
+                # The step that empties the worker reports at once: a router reading the last
+                # busy report would wait on work that is done until the next heartbeat.
+                if now >= next_stats or not role.busy:
                     stats()
                     next_stats = now + config.stats_interval
             while link.stalled:

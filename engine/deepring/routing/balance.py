@@ -1,0 +1,114 @@
+"""The cost-model router (`--router cost`): prefill by predicted completion time, decode by
+KV blocks and batch compute relative to the other workers.
+
+Prefill. Each prefill worker reports its step-time model (cost.model, fitted on its own steps)
+and the predicted seconds of the prompt work it holds. The registry turns that into the
+worker's backlog now (the report's backlog less the time since, plus what was sent to it that
+the report could not count), and a request's own cost on that worker is its uncached tokens
+computed after its cached prefix, in the worker's chunks (attention grows with the context, so
+a 1,000-token follow-up on a 30,000-token conversation costs more than a fresh 1,000-token
+prompt). The worker that would finish it first wins. Workers that run slower (a busier host,
+an older card) report a slower model and get less.
+
+Decode. A decode worker's load is read from both its reports (requests, KV blocks and context
+it holds, which include other frontends' requests and blocks held by preempted ones) and the
+frontend's own books (which include requests still in prefill, and everything since the last
+report): each figure is the larger of the two views, the report's plus this frontend's
+requests it cannot contain yet. Two loads count: its KV blocks, and its predicted decode step
+time (its model, its batch: what its requests wait between tokens). The request goes where the
+larger of the two, each relative to the workers' mean once the request is placed, is smallest:
+that is what keeps max / mean of both low. A slow worker's model predicts longer steps for the
+same batch, so it takes fewer requests and the time between tokens evens out. A worker that
+can take the request now (a free slot and blocks for it) beats one that cannot; with a TBT
+target, one whose predicted step stays under it beats one that would not.
+
+Ties rotate, as in the token router.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterable, Mapping
+
+from deepring.cost.model import StepCost
+from deepring.cost.presets import TINY_CPU
+from deepring.routing.router import WorkerLoad
+
+
+def _own(uncached: int | Mapping[str, int], worker: str) -> int:
+    return uncached if isinstance(uncached, int) else uncached.get(worker, 0)
+
+
+class CostRouter:
+    def __init__(
+        self, block_size: int = 128, fallback: StepCost | None = None,
+        tbt_target_s: float | None = None,
+    ) -> None:  # fmt: skip
+        if block_size < 1:
+            raise ValueError("block_size must be >= 1")
+        if tbt_target_s is not None and not tbt_target_s > 0:
+            raise ValueError("the TBT target must be > 0")
+        self.block_size = block_size
+        self.fallback = fallback or TINY_CPU  # for a worker that has not reported yet
+        self.tbt_target_s = tbt_target_s
+        self._prefill_turn = itertools.count()
+        self._decode_turn = itertools.count()
+
+    def model(self, w: WorkerLoad) -> StepCost:
+        return w.cost or self.fallback
+
+    def prefill_cost(self, w: WorkerLoad, uncached: int, prompt_tokens: int) -> float:
+        """Predicted worker seconds of one prompt: `uncached` tokens after its cached prefix."""
+        start = max(0, prompt_tokens - uncached)
+        return self.model(w).prompt_seconds(uncached, start, w.chunk)
+
+    def pick_prefill(
+        self,
+        loads: Iterable[WorkerLoad],
+        uncached: int | Mapping[str, int],
+        prompt_tokens: int | None = None,
+    ) -> WorkerLoad | None:
+        """The prefill worker predicted to finish this prompt first."""
+        ready = [w for w in loads if w.ready]
+        turn = next(self._prefill_turn)
+        best, best_key = None, None
+        for i, w in enumerate(ready):
+            own = _own(uncached, w.worker)
+            total = prompt_tokens if prompt_tokens is not None else own
+            done_at = w.backlog_s + self.prefill_cost(w, own, total)
+            key = (done_at, w.requests, (i - turn) % len(ready))
+            if best_key is None or key < best_key:
+                best, best_key = w, key
+        return best
+
+    def _decode_load(self, w: WorkerLoad, extra: int, extra_tokens: int) -> tuple[int, float]:
+        """(KV blocks, predicted decode step time) of decode worker w with `extra` more
+        requests holding `extra_tokens` more tokens."""
+        requests = w.est_requests() + extra
+        blocks = w.est_blocks(self.block_size) + extra + extra_tokens // self.block_size
+        return blocks, self.model(w).decode_step(requests, w.est_tokens() + extra_tokens)
+
+    def pick_decode(self, loads: Iterable[WorkerLoad], prompt_tokens: int) -> WorkerLoad | None:
+        """The decode worker whose larger relative load after placement (its KV blocks and its
+        step time, each over the workers' mean once the request is placed) is smallest; one
+        that can take the request now first, and with a TBT target, one that stays under it."""
+        ready = [w for w in loads if w.ready]
+        if not ready:
+            return None
+        n = len(ready)
+        before = [self._decode_load(w, 0, 0) for w in ready]
+        after = [self._decode_load(w, 1, prompt_tokens + 1) for w in ready]
+        # The means once the request is placed (on average, 1/n of it on each worker).
+        kv_mean = sum(a[0] + (n - 1) * b[0] for a, b in zip(after, before, strict=True)) / n / n
+        step_mean = sum(a[1] + (n - 1) * b[1] for a, b in zip(after, before, strict=True)) / n / n
+        kv_mean, step_mean = max(kv_mean, 1e-9), max(step_mean, 1e-12)
+        target = self.tbt_target_s
+        turn = next(self._decode_turn)
+        best, best_key = None, None
+        for i, (w, (kv, step)) in enumerate(zip(ready, after, strict=True)):
+            fits = w.est_requests() < w.num_slots and kv <= w.num_blocks
+            over = target is not None and step > target
+            key = (not fits, over, max(kv / kv_mean, step / step_mean), (i - turn) % n)
+            if best_key is None or key < best_key:
+                best, best_key = w, key
+        return best

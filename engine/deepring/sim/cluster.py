@@ -1,0 +1,430 @@
+"""A simulated cluster: the real scheduler, worker roles and routers, driven by simulated time.
+
+Every worker is an EngineCore (core.engine) with a SimRunner (sim.runner) inside the real
+PrefillRole / DecodeRole (worker.roles), so admission, chunking, the pacer, handoff admission
+by free blocks and preemption are the serving code itself. The frontend side is the real
+WorkerRegistry and router (routing/) and PrefixEstimate, called the way frontend.client calls
+them (route, assign, prefilled, grew, release, report). What is simulated: time (a step lasts
+what the step-time model says, on the worker's own clock), the rings (messages arrive after
+`latency_s`; a handoff after `handoff_s`), the persistent cache tier (sim.runner.SharedBlocks)
+and the clients (sim.trace).
+
+Events are processed in time order (a heap; ties in the order they were made). A worker wakes
+when a message reaches it idle, or when its step ends: it takes the messages that arrived, runs
+one step (role.step) and sends what the step produced, stamped with the step's end. Like the
+real worker loop it reports its load every `stats_interval` while busy and at once when it runs
+out of work.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from collections import deque
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from deepring.cache.pool import CacheConfig
+from deepring.core.engine import EngineCore
+from deepring.core.scheduler import SchedulerConfig
+from deepring.cost.model import StepCost
+from deepring.cost.pacer import PacerConfig
+from deepring.ipc.messages import Handoff, Health, Message, Stats, Submit, Tokens
+from deepring.routing.prefix_estimate import PrefixEstimate
+from deepring.routing.registry import WorkerRegistry, WorkerState
+from deepring.sampling.params import SamplingParams
+from deepring.sim import fastforward
+from deepring.sim.runner import SharedBlocks, SimPrefix, SimRunner, WorkerClock
+from deepring.sim.trace import Session
+from deepring.worker.roles import DecodeRole, PrefillRole
+
+VOCAB = 129280
+
+
+@dataclass(frozen=True)
+class ClusterConfig:
+    prefill: int = 16
+    decode: int = 64
+    truth: dict[str, StepCost] | None = None  # per worker id; missing ones use `model`
+    model: StepCost | None = None  # the step-time model of every worker
+    prior: StepCost | None = None  # what their online fits start from (default: `model`)
+    router: str = "cost"
+    tbt_target_s: float | None = None
+    ttft_target_s: float | None = None
+    max_num_seqs: int = 128  # decode slots
+    prefill_seqs: int = 32
+    prefill_budget: int = 8192
+    decode_budget: int = 2048
+    max_model_len: int = 65536
+    block_size: int = 128
+    num_blocks: int | None = None  # per decode worker (default: max_num_seqs x 4096 tokens)
+    latency_s: float = 0.0  # frontend <-> worker messages
+    handoff_s: float = 0.0  # prefill -> decode, on top of the prefill step
+    stats_interval: float = 0.25
+    noise: float = 0.0  # relative standard deviation of a step's time
+    # How long the simulation runs past the last arrival: the requests of the window drain
+    # (those still running at the end are judged on what they produced).
+    grace_s: float = 20.0
+    warmup: float = 0.4  # the share of the arrival span left out of the measurement
+    # Runs of trivial decode steps in one go (sim.fastforward); False: every step through the
+    # scheduler (slower, for checking the two agree).
+    fast_forward: bool = True
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.prefill < 1 or self.decode < 1:
+            raise ValueError("a cluster needs a prefill and a decode worker")
+        if self.model is None:
+            raise ValueError("give the workers' step-time model")
+        if not 0 <= self.warmup < 1:
+            raise ValueError("warmup is a share of the arrival span, in [0, 1)")
+
+
+@dataclass
+class ReqState:
+    rid: int
+    session: Session
+    turn: int
+    prompt: np.ndarray
+    arrival: float
+    uncached: int = 0
+    prefill: str | None = None
+    decode: str | None = None
+    first_at: float | None = None
+    last_at: float = 0.0
+    received: int = 0
+    output: list[int] = field(default_factory=list)
+    done_at: float | None = None
+    error: str | None = None
+
+
+class _Link:
+    """A role's link: what its step sends goes into the cluster's event heap."""
+
+    def __init__(self, cluster: Cluster, worker: SimWorker) -> None:
+        self.cluster, self.worker = cluster, worker
+
+    def to_frontend(self, msg: Message, link: int = 0) -> None:
+        self.cluster.push(self.worker.clock.now + self.cluster.config.latency_s, "frontend",
+                          (self.worker.id, msg))  # fmt: skip
+
+    def handoff(self, addr: str, msg: Handoff) -> None:
+        target = self.cluster.workers[addr]
+        self.cluster.push(self.worker.clock.now + self.cluster.config.handoff_s, "deliver",
+                          (target, msg))  # fmt: skip
+
+
+class SimWorker:
+    def __init__(self, cluster: Cluster, wid: str, role: str, truth: StepCost, seed: int) -> None:
+        c = cluster.config
+        self.id, self.role_name = wid, role
+        self.clock = WorkerClock()
+        self.runner = SimRunner(truth, self.clock, c.noise, seed)
+        decode = role == "decode"
+        seqs = c.max_num_seqs if decode else c.prefill_seqs
+        blocks_per_seq = -(-c.max_model_len // c.block_size)
+        num_blocks = (c.num_blocks or seqs * (4096 // c.block_size) + blocks_per_seq) + 1
+        pacing = (
+            PacerConfig(c.tbt_target_s, c.ttft_target_s) if c.tbt_target_s is not None else None
+        )
+        self.engine = EngineCore(
+            self.runner,
+            CacheConfig(num_blocks=num_blocks, num_slots=seqs, block_size=c.block_size),
+            SchedulerConfig(
+                max_num_seqs=seqs,
+                max_num_batched_tokens=c.decode_budget if decode else c.prefill_budget,
+            ),
+            max_model_len=c.max_model_len,
+            vocab_size=VOCAB,
+            cost_prior=c.prior or truth,
+            pacing=pacing,
+            clock=self.clock,
+        )
+        if not decode:
+            self.engine.scheduler.prefix = SimPrefix(cluster.shared)
+        cls = DecodeRole if decode else PrefillRole
+        self.role = cls(self.engine, _Link(cluster, self), wid, 1)
+        self.inbox: deque[Message] = deque()
+        self.awake_at: float | None = None  # the end of its current step (None: idle)
+        self.wake_gen = 0  # the wake event that counts (a cut run leaves a stale one)
+        self.run: fastforward.Run | None = None  # a run of decode steps in progress
+        self.run_steps = 0  # how many of its steps will be done
+        self.next_stats = 0.0
+        # Accounting over the measured window (Cluster.window).
+        self.busy_s = 0.0
+        self.steps: list[
+            tuple[float, float, int, int, int]
+        ] = []  # start, secs, decode toks, used blocks, mixed
+
+    def info(self) -> dict:
+        e = self.engine
+        return {
+            "role": self.role_name, "num_slots": e.slots.num_slots,
+            "num_blocks": e.blocks.num_blocks - e.blocks.reserved, "block_size": e.block_size,
+            "max_num_batched_tokens": e.scheduler.config.max_num_batched_tokens,
+            "handoff_addr": self.id,
+        }  # fmt: skip
+
+
+class Cluster:
+    def __init__(self, config: ClusterConfig, sessions: list[Session]) -> None:
+        c = self.config = config
+        self.now = 0.0
+        self._heap: list = []
+        self._seq = itertools.count()
+        self.shared = SharedBlocks(c.block_size)
+        self.estimate = PrefixEstimate(c.block_size)
+        self.registry = WorkerRegistry(
+            c.prefill, c.decode, router=c.router, tbt_target_s=c.tbt_target_s,
+            clock=lambda: self.now,
+        )  # fmt: skip
+        self.workers: dict[str, SimWorker] = {}
+        pid = itertools.count(1)
+        for role, n in (("prefill", c.prefill), ("decode", c.decode)):
+            for i in range(n):
+                wid = f"{role}-{i}"
+                truth = (c.truth or {}).get(wid, c.model)
+                w = SimWorker(self, wid, role, truth, seed=c.seed * 100003 + next(pid))
+                self.workers[wid] = w
+                health = Health(worker=wid, gen=1, state="ready", pid=next(pid), info=w.info())
+                self.registry.add(wid, health)
+        self.requests: dict[int, ReqState] = {}
+        self.finished: list[ReqState] = []
+        # Every time between two tokens of a request, as clients see it: values and how many
+        # times each occurred (a run's steps are the same gaps for all its requests).
+        self.gaps: list[float] = []
+        self.gap_weights: list[int] = []
+        self.queue: deque[ReqState] = deque()
+        self._rids = itertools.count(1)
+        self.sessions = sessions
+        for s in sessions:
+            if s.turns:
+                self.push(s.start, "arrive", (s, 0, None))
+        # What the report measures: the arrivals after the warm-up (the cluster fills up:
+        # conversations come back for more turns), to the last.
+        starts = [s.start for s in sessions] or [0.0]
+        first, last = min(starts), max(starts)
+        self.window = (first + c.warmup * (last - first), last)
+        self.events = 0
+        self.end = self.window[1]
+        # Decode load samples over the window, every sample_s: per decode worker, the
+        # predicted time of a decode step of its batch now (its true model) and its KV blocks.
+        self.sample_s = 0.25
+        self.samples: list[tuple[list[float], list[int], int]] = []  # + requests running
+        self.push(self.window[0], "sample", None)
+
+    def push(self, t: float, kind: str, payload) -> None:
+        heapq.heappush(self._heap, (t, next(self._seq), kind, payload))
+
+    def run(self, until: float | None = None, max_events: int = 50_000_000) -> Cluster:
+        """Process the events up to time `until` (default: the arrival window's end plus
+        `grace_s`; turns arriving after the window are not sent); RuntimeError past
+        max_events."""
+        end = self.window[1] + self.config.grace_s if until is None else until
+        self.end = end
+        heap = self._heap
+        while heap and heap[0][0] <= end:
+            t, _, kind, payload = heapq.heappop(heap)
+            self.now = t
+            self.events += 1
+            if self.events > max_events:
+                raise RuntimeError(f"the simulation passed {max_events} events")
+            if kind == "wake":
+                self._wake(*payload)
+            elif kind == "frontend":
+                self._on_message(*payload)
+            elif kind == "deliver":
+                self._deliver(*payload)
+            elif kind == "sample":
+                self._sample()
+            else:
+                self._arrive(*payload)
+        return self
+
+    # ---- the frontend ------------------------------------------------------------------------
+
+    def _arrive(self, session: Session, k: int, prev: ReqState | None) -> None:
+        if self.now > self.window[1]:
+            return  # the trace is over: no new load while the last requests drain
+        turn = session.turns[k]
+        rng = np.random.default_rng((session.sid, k))
+        new = rng.integers(2000, 100_000, turn.new_tokens, dtype=np.int32)
+        if prev is None:
+            system = np.random.default_rng((1 << 40) + session.app)
+            prompt = np.concatenate(
+                [system.integers(2000, 100_000, session.system_tokens, dtype=np.int32), new]
+            )
+        else:
+            prompt = np.concatenate([prev.prompt, np.asarray(prev.output, np.int32), new])
+        st = ReqState(next(self._rids), session, k, prompt, arrival=self.now)
+        st.uncached = len(prompt) - self.estimate.cached_tokens(prompt)
+        self.requests[st.rid] = st
+        if self.queue or not self._dispatch(st):
+            self.queue.append(st)
+
+    def _dispatch(self, st: ReqState) -> bool:
+        n = len(st.prompt)
+        pair = self.registry.route(n, st.uncached)
+        if pair is None:
+            return False
+        p, d = pair
+        turn = st.session.turns[st.turn]
+        msg = Submit(
+            rid=st.rid, prompt_ids=st.prompt,
+            sampling=SamplingParams(temperature=0, max_tokens=turn.output_tokens, ignore_eos=True),
+            seed=st.rid, decode_worker=d.id, decode_gen=1, decode_addr=d.id, cache_class="chat",
+            num_output=0,
+        )  # fmt: skip
+        self.push(self.now + self.config.latency_s, "deliver", (self.workers[p.id], msg))
+        self.registry.assign(st.rid, n, p, d, st.uncached)
+        st.prefill, st.decode = p.id, d.id
+        return True
+
+    def _on_message(self, wid: str, msg: Message, times: list[float] | None = None) -> None:
+        w = self.registry.get(wid)
+        if w is None:
+            return
+        if isinstance(msg, Stats):
+            self.registry.report(w, msg)
+        elif isinstance(msg, Tokens):
+            self._on_tokens(w, msg, times)
+
+    def _on_tokens(self, w: WorkerState, msg: Tokens, times: list[float] | None) -> None:
+        """times: when each of a run's tokens was made (sim.fastforward), else all now."""
+        now, ids, pos = self.now, msg.token_ids.tolist(), 0
+        gaps, weights = self.gaps, self.gap_weights
+        shared_gaps = 0  # requests that saw the run's later steps (counted once below)
+        for rid, count in zip(msg.rids, msg.counts, strict=True):
+            st = self.requests.get(rid)
+            chunk = ids[pos : pos + count]
+            pos += count
+            if st is None:
+                continue
+            if st.first_at is None:
+                st.first_at = now
+                self.registry.prefilled(rid, st.uncached, w)
+                self.shared.write(st.prompt)  # the prefill worker wrote the prompt's blocks
+            elif times is None:
+                gaps.append(now - st.last_at)
+                weights.append(1)
+            else:
+                gaps.append(times[0] - st.last_at)
+                weights.append(1)
+                shared_gaps += 1
+            st.last_at = now if times is None else times[-1]
+            st.output.extend(chunk)
+            st.received += count
+            self.registry.grew(rid, st.decode, count)
+        if shared_gaps and times is not None:
+            for a, b in itertools.pairwise(times):
+                gaps.append(b - a)
+                weights.append(shared_gaps)
+        for rid, _reason, _total in msg.finished:
+            st = self.requests.get(rid)
+            if st is not None:
+                self._done(st)
+        for rid, message in msg.errors:
+            st = self.requests.get(rid)
+            if st is not None:
+                st.error = str(message)
+                self._done(st)
+
+    def _done(self, st: ReqState) -> None:
+        del self.requests[st.rid]
+        st.done_at = self.now
+        self.registry.release(
+            st.rid, len(st.prompt), st.received, st.prefill, st.decode, uncached=st.uncached
+        )
+        self.finished.append(st)
+        if st.error is None:
+            self.shared.write(np.concatenate([st.prompt, np.asarray(st.output, np.int32)]))
+            nxt = st.turn + 1
+            if nxt < len(st.session.turns):
+                think = st.session.turns[nxt].think_s
+                self.push(self.now + think, "arrive", (st.session, nxt, st))
+        while self.queue and self._dispatch(self.queue[0]):
+            self.queue.popleft()
+
+    def _sample(self) -> None:
+        steps, blocks, n = [], [], 0
+        for w in self.workers.values():
+            if w.role_name != "decode":
+                continue
+            running = w.engine.scheduler.running
+            context = sum(r.num_tokens for r in running)
+            steps.append(w.runner.truth.decode_step(len(running), context))
+            blocks.append(w.engine.blocks.num_used)
+            n += len(running)
+        self.samples.append((steps, blocks, n))
+        if self.now + self.sample_s <= self.window[1]:
+            self.push(self.now + self.sample_s, "sample", None)
+
+    # ---- the workers -------------------------------------------------------------------------
+
+    def _wake_at(self, w: SimWorker, t: float) -> None:
+        w.awake_at = t
+        w.wake_gen += 1
+        self.push(t, "wake", (w, w.wake_gen))
+
+    def _deliver(self, worker: SimWorker, msg: Message) -> None:
+        worker.inbox.append(msg)
+        if worker.awake_at is None:
+            self._wake_at(worker, self.now)
+        elif worker.run is not None:
+            # The worker loop takes the message after the step running now.
+            steps = fastforward.cut(worker.run, self.now)
+            if steps < worker.run_steps:
+                worker.run_steps = steps
+                self._wake_at(worker, worker.run.ends[steps - 1])
+
+    def _wake(self, w: SimWorker, gen: int) -> None:
+        if gen != w.wake_gen:
+            return  # a run was cut: an earlier wake replaced this one
+        t = w.clock.now = self.now
+        if w.run is not None:
+            self._finish_run(w)
+            t = self.now
+        while w.inbox:
+            w.role.handle(w.inbox.popleft(), 0)
+        w.awake_at = None
+        if w.role.busy:
+            run = None
+            if self.config.fast_forward and isinstance(w.role, DecodeRole):
+                run = fastforward.plan(w.role, w.runner, until=w.next_stats)
+            if run is not None:
+                w.run, w.run_steps = run, len(run.ends)
+                self._wake_at(w, run.ends[-1])
+                return  # its report goes out when the run ends
+            steps = w.engine.num_steps
+            w.role.step()
+            if w.engine.num_steps > steps:
+                self._account(w, t, w.clock.now - t)
+                self._wake_at(w, w.clock.now)
+        now = w.clock.now
+        if now >= w.next_stats or not w.role.busy:
+            stats = Stats(worker=w.id, gen=1, dropped={}, lag_s=now - t, **w.role.load())
+            self.push(now + self.config.latency_s, "frontend", (w.id, stats))
+            w.next_stats = now + self.config.stats_interval
+
+    def _finish_run(self, w: SimWorker) -> None:
+        run, steps = w.run, w.run_steps
+        w.run = None
+        msg = fastforward.apply(w.role, w.runner, run, steps)
+        if msg is not None:
+            times = run.ends[:steps]
+            self.push(self.now + self.config.latency_s, "frontend", (w.id, msg, times))
+        start = run.start
+        for end in run.ends[:steps]:
+            self._account(w, start, end - start)
+            start = end
+
+    def _account(self, w: SimWorker, start: float, secs: float) -> None:
+        lo, hi = self.window
+        if not lo <= start <= hi:
+            return
+        w.busy_s += secs
+        shape, _ = w.runner.last
+        decodes = w.runner.last_decodes
+        mixed = int(decodes > 0 and shape.tokens > decodes)
+        w.steps.append((start, secs, decodes, w.engine.blocks.num_used, mixed))

@@ -1,0 +1,124 @@
+"""Runs of pure decode steps in one go: what makes hundreds of simulated workers cheap.
+
+Most of a decode worker's steps are trivial for the scheduler: nothing waits, every running
+request feeds its one next token, nobody finishes, the blocks suffice. Stepping through them
+one by one would spend the simulation's time re-running the same decisions. When a decode
+worker is in that state, `plan` computes the next run of such steps ahead (their shapes and
+times from the worker's step-time model: the context grows by one token per request per step)
+up to the first of: the step before a request would finish, the step that ends past its next
+load report, or the blocks running out; `apply` then puts the run's effect on the engine at
+once: tokens, cached positions, blocks, step counters, the online fit's observations, and one
+Tokens message carrying every token of the run (the cluster stamps each token with its own
+step's end). A message reaching the worker during a run cuts it at the first step that ends
+after the message's arrival, as the real worker loop would take it there.
+
+What differs from stepping one by one (tests/engine/test_sim.py checks the two against each
+other): the frontend hears a run's tokens when the run ends, at most one report interval late,
+and block ids are handed out in another order.
+"""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass
+
+import numpy as np
+
+from deepring.core.engine import EngineCore
+from deepring.cost.model import StepShape
+from deepring.ipc.messages import Tokens
+from deepring.sim.runner import SimRunner
+from deepring.worker.roles import DecodeRole
+
+
+@dataclass
+class Run:
+    start: float
+    ends: list[float]  # each step's end, worker time
+    shapes: list[StepShape]
+    seconds: list[float]
+
+
+def _steady(role: DecodeRole, engine: EngineCore) -> bool:
+    s = engine.scheduler
+    if role.pending or s.waiting or not s.running or engine.eos_token_ids:
+        return False
+    return all(r.pending == 1 and not r.params.stop_token_ids for r in s.running)
+
+
+def plan(role: DecodeRole, runner: SimRunner, until: float, min_steps: int = 2) -> Run | None:
+    """The run of trivial decode steps from now (None when the next step is not trivial or the
+    run would be shorter than min_steps). until: the run ends with the first step that ends at
+    or after it (the next load report)."""
+    engine = role.engine
+    if not _steady(role, engine):
+        return None
+    running = engine.scheduler.running
+    left = min(r.params.max_tokens - len(r.output_ids) for r in running)
+    if left - 1 < min_steps:
+        return None
+    bs = engine.block_size
+    # Tokens each request can still add in the blocks it holds; step i (from 0) needs a new
+    # block for every request with less than i + 1 of that room (and a run is far shorter
+    # than a block, so no request needs two).
+    rooms = sorted(len(r.blocks) * bs - r.num_cached for r in running)
+    free = engine.blocks.num_free
+    batch, context = len(running), float(sum(r.num_cached for r in running))
+    t = runner.clock.now
+    run = Run(t, [], [], [])
+    for i in range(min(left - 1, bs)):
+        if bisect.bisect_left(rooms, i + 1) > free:
+            break
+        shape = StepShape(batch, batch, 0.0, context + batch * (i + 1))
+        seconds = runner.duration(shape)
+        t += seconds
+        run.ends.append(t)
+        run.shapes.append(shape)
+        run.seconds.append(seconds)
+        if t >= until:
+            break
+    return run if len(run.ends) >= min_steps else None
+
+
+def cut(run: Run, at: float) -> int:
+    """How many steps of the run are done by the first step end at or after `at`."""
+    for i, end in enumerate(run.ends):
+        if end >= at:
+            return i + 1
+    return len(run.ends)
+
+
+def apply(role: DecodeRole, runner: SimRunner, run: Run, steps: int) -> Tokens | None:
+    """Put the first `steps` steps of the run on the engine; the Tokens message they send."""
+    engine = role.engine
+    running = engine.scheduler.running
+    # Every request's tokens of the run at once: row j holds request j's (SimRunner.token_at).
+    firsts = np.array([r.seed + r.num_tokens for r in running], dtype=np.int64)
+    table = runner.token_at(firsts[:, None] + np.arange(steps)[None, :], 0)
+    rows = table.tolist()
+    rids, offsets, keep = [], [], []
+    for j, r in enumerate(running):
+        origin = role.origins.get(r.rid)
+        if origin is not None:
+            rids.append(origin[1])
+            offsets.append(len(r.output_ids))
+            keep.append(j)
+        r.num_cached += steps
+        r.output_ids.extend(rows[j])
+        need = engine.blocks_for(r.num_cached) - len(r.blocks)
+        if need > 0:
+            r.blocks.extend(engine.blocks.allocate(need))
+    engine.cost.observe_many(run.shapes[:steps], run.seconds[:steps])
+    engine.num_steps += steps
+    engine.num_generated += steps * len(running)
+    engine.step_seconds += sum(run.seconds[:steps])
+    engine.last_step = (run.shapes[steps - 1], run.seconds[steps - 1])
+    runner.clock.now = run.ends[steps - 1]
+    runner.last = engine.last_step
+    runner.last_decodes = len(running)
+    if not rids:
+        return None
+    return Tokens(
+        worker=role.worker_id, rids=rids, offsets=offsets, counts=[steps] * len(rids),
+        token_ids=table[keep].astype(np.int32).ravel(), finished=[], cache_hits=[], errors=[],
+    )  # fmt: skip
