@@ -6,6 +6,7 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -85,5 +86,39 @@ class Server:
         except subprocess.TimeoutExpired:
             os.killpg(self.proc.pid, signal.SIGKILL)
             code = self.proc.wait(10)
+        self._log.close()
+        return code
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that is free now (for ring and handoff endpoints)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class RoleProcess:
+    """One `deepring <command>` (frontend, prefill, decode) with its output in a log file."""
+
+    def __init__(self, args: list[str], log: Path, env: dict[str, str]) -> None:
+        self.log_path = log
+        self._log = open(log, "wb")  # noqa: SIM115 (closed in stop())
+        self.proc = subprocess.Popen(
+            [*deepring_command(), *args], stdout=self._log, stderr=subprocess.STDOUT, env=env
+        )
+
+    def url(self, timeout: float = 240) -> str:
+        """The HTTP URL a frontend prints once it is ready."""
+        deadline = time.monotonic() + timeout
+        while not (m := READY.search(self.log_path.read_text(errors="replace"))):
+            assert self.proc.poll() is None, self.log_path.read_text()[-3000:]
+            assert time.monotonic() < deadline, self.log_path.read_text()[-3000:]
+            time.sleep(0.1)
+        return m.group(1)
+
+    def stop(self, sig: int = signal.SIGTERM) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+        code = self.proc.wait(60)
         self._log.close()
         return code

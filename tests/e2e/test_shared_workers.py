@@ -6,8 +6,6 @@ requests are served) until it comes back and is served again."""
 
 from __future__ import annotations
 
-import signal
-import socket
 import subprocess
 import threading
 import time
@@ -16,7 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx2
 import openai
 import pytest
-from e2e_helpers import READY, deepring_command
+from e2e_helpers import RoleProcess, deepring_command, free_port
 
 pytestmark = pytest.mark.slow
 
@@ -25,36 +23,6 @@ CHAT = {
     "messages": [{"role": "user", "content": "Count to ten."}],
     "extra_body": {"thinking": {"type": "disabled"}},
 }
-
-
-def _port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-class Proc:
-    def __init__(self, args: list[str], log, env) -> None:
-        self.log_path = log
-        self._log = open(log, "wb")  # noqa: SIM115 (closed in stop())
-        self.proc = subprocess.Popen(
-            [*deepring_command(), *args], stdout=self._log, stderr=subprocess.STDOUT, env=env
-        )
-
-    def url(self, timeout: float = 240) -> str:
-        deadline = time.monotonic() + timeout
-        while not (m := READY.search(self.log_path.read_text(errors="replace"))):
-            assert self.proc.poll() is None, self.log_path.read_text()[-3000:]
-            assert time.monotonic() < deadline, self.log_path.read_text()[-3000:]
-            time.sleep(0.1)
-        return m.group(1)
-
-    def stop(self, sig: int = signal.SIGTERM) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(sig)
-        code = self.proc.wait(60)
-        self._log.close()
-        return code
 
 
 def _client(url: str) -> openai.OpenAI:
@@ -74,24 +42,24 @@ def test_two_frontends_share_the_workers(tmp_path, server_env):
         [*deepring_command(), "ring-keys"], env=env, capture_output=True, text=True, timeout=120
     )
     assert keys.returncode == 0, keys.stderr
-    rings = [f"tcp://127.0.0.1:{_port()}" for _ in range(2)]
-    handoff = f"tcp://127.0.0.1:{_port()}"
+    rings = [f"tcp://127.0.0.1:{free_port()}" for _ in range(2)]
+    handoff = f"tcp://127.0.0.1:{free_port()}"
     model = ["--zero-cost", "--zero-cost-step-ms", "5"]
 
-    def frontend(i: int, log: str) -> Proc:
+    def frontend(i: int, log: str) -> RoleProcess:
         args = ["frontend", "--ring", rings[i], "--port", "0", "--model", "tiny"]
-        return Proc(args, tmp_path / log, env)
+        return RoleProcess(args, tmp_path / log, env)
 
     procs = {
         "a": frontend(0, "a.log"),
         "b": frontend(1, "b.log"),
         # One flag per frontend, or one flag with commas: both work.
-        "prefill": Proc(
+        "prefill": RoleProcess(
             ["prefill", "--frontend", rings[0], "--frontend", rings[1], *model],
             tmp_path / "p.log",
             env,
         ),
-        "decode": Proc(
+        "decode": RoleProcess(
             ["decode", "--frontend", ",".join(rings), "--handoff-bind", handoff, *model],
             tmp_path / "d.log",
             env,

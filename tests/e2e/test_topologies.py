@@ -5,7 +5,6 @@ a dead worker is noticed by its missing heartbeats instead of its exit."""
 from __future__ import annotations
 
 import signal
-import socket
 import subprocess
 import threading
 import time
@@ -14,7 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx2
 import openai
 import pytest
-from e2e_helpers import READY, deepring_command
+from e2e_helpers import READY, RoleProcess, deepring_command, free_port
 
 pytestmark = pytest.mark.slow
 
@@ -63,28 +62,6 @@ def test_two_workers_per_role_over_tcp(start_server):
     assert s.stop() == 0
 
 
-def _port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-class Role:
-    def __init__(self, args: list[str], log, env) -> None:
-        self.log_path = log
-        self._log = open(log, "wb")  # noqa: SIM115 (closed in stop())
-        self.proc = subprocess.Popen(
-            [*deepring_command(), *args], stdout=self._log, stderr=subprocess.STDOUT, env=env
-        )
-
-    def stop(self, sig: int = signal.SIGTERM) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(sig)
-        code = self.proc.wait(60)
-        self._log.close()
-        return code
-
-
 def test_roles_as_separate_commands(tmp_path, server_env):
     env = {**server_env, "DEEPRING_HEARTBEAT_INTERVAL": "0.3", "DEEPRING_HEARTBEAT_TIMEOUT": "3"}
     # The tcp:// ring is CURVE-secured: the workers need the key directory before they start
@@ -93,8 +70,8 @@ def test_roles_as_separate_commands(tmp_path, server_env):
         [*deepring_command(), "ring-keys"], env=env, capture_output=True, text=True, timeout=120
     )
     assert keys.returncode == 0, keys.stderr
-    ring = f"tcp://127.0.0.1:{_port()}"
-    handoff = f"tcp://127.0.0.1:{_port()}"
+    ring = f"tcp://127.0.0.1:{free_port()}"
+    handoff = f"tcp://127.0.0.1:{free_port()}"
     decode_args = [
         "decode",
         "--frontend",
@@ -107,9 +84,11 @@ def test_roles_as_separate_commands(tmp_path, server_env):
     ]
     frontend_args = ["frontend", "--ring", ring, "--port", "0", "--queue-timeout", "3"]
     roles = {
-        "frontend": Role(frontend_args, tmp_path / "fe.log", env),
-        "prefill": Role(["prefill", "--frontend", ring, "--zero-cost"], tmp_path / "p.log", env),
-        "decode": Role(decode_args, tmp_path / "d.log", env),
+        "frontend": RoleProcess(frontend_args, tmp_path / "fe.log", env),
+        "prefill": RoleProcess(
+            ["prefill", "--frontend", ring, "--zero-cost"], tmp_path / "p.log", env
+        ),
+        "decode": RoleProcess(decode_args, tmp_path / "d.log", env),
     }
     try:
         deadline = time.monotonic() + 240
@@ -139,7 +118,7 @@ def test_roles_as_separate_commands(tmp_path, server_env):
         assert e.value.status_code == 503
         assert "no decode worker is available" in e.value.message
         # A new decode process on the same endpoints registers and serves.
-        roles["decode"] = Role(decode_args, tmp_path / "d2.log", env)
+        roles["decode"] = RoleProcess(decode_args, tmp_path / "d2.log", env)
         deadline = time.monotonic() + 240
         while httpx2.get(f"{url}/health", timeout=10).json()["status"] != "ok":
             assert time.monotonic() < deadline, "the new decode worker did not register"
@@ -149,7 +128,7 @@ def test_roles_as_separate_commands(tmp_path, server_env):
         client.close()
         # The frontend dies and a new one binds the same ring: the workers register with it.
         roles["frontend"].stop(signal.SIGKILL)
-        roles["frontend"] = Role(frontend_args, tmp_path / "fe2.log", env)
+        roles["frontend"] = RoleProcess(frontend_args, tmp_path / "fe2.log", env)
         deadline = time.monotonic() + 240
         while not (m := READY.search((tmp_path / "fe2.log").read_text())):
             assert time.monotonic() < deadline, (tmp_path / "fe2.log").read_text()
