@@ -140,8 +140,10 @@ def _preemptions(url: str) -> int:
 
 
 def bench_serve(args) -> dict:
+    # Each server keeps its prefix cache to itself: with the default directory store shared
+    # by both, the second run of a pair would find the first one's prompts cached.
     common = ["--num-prefill", "2", "--num-decode", "2", "--max-model-len", "4096",
-              "--max-num-seqs", "32"]  # fmt: skip
+              "--max-num-seqs", "32", "--kv-cache-dir", "none"]  # fmt: skip
     configs = {
         "A": [*common, "--router", "tokens"],
         "B": [*common, "--router", "cost", "--tbt-target", str(args.tbt_target)],
