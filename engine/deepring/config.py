@@ -335,10 +335,6 @@ class FrontendConfig:
         limited = self.rate_limit_requests or self.rate_limit_tokens
         if limited and not (self.api_keys or self.api_keys_file):
             raise ValueError("rate limits are per API key: configure --api-key or --api-keys-file")
-
-    @property
-    def auth_enabled(self) -> bool:
-        return bool(self.api_keys or self.api_keys_file)
         for name in ("header_timeout", "body_timeout", "write_timeout"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be > 0")
@@ -351,6 +347,10 @@ class FrontendConfig:
                 raise ValueError(
                     f"an allowed origin is '*' or scheme://host[:port], got {origin!r}"
                 )
+
+    @property
+    def auth_enabled(self) -> bool:
+        return bool(self.api_keys or self.api_keys_file)
 
     @property
     def served_model_name(self) -> str:

@@ -59,6 +59,8 @@ def test_unknown_subcommand_is_rejected(capsys):
         (["prefill", "--frontend", "tcp://h:1", "--model", "/no/such"], "checkpoint directory"),
         (["serve", "--served-model-name", "a", "a"], "duplicate served model names"),
         (["prefill", "--frontend", "ipc:///a", "--frontend", "ipc:///a"], "listed twice"),
+        (["serve", "--allowed-origins", "evil.example"], "an allowed origin is '*'"),
+        (["serve", "--max-connections", "0"], "max_connections must be >= 1"),
         (["prefill", "--frontend", "ipc:///a,ipc:///a"], "listed twice"),
         (["prefill", "--frontend", "ipc:///a,localhost:1"], "ZeroMQ endpoint"),
     ],

