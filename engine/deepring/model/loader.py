@@ -75,7 +75,10 @@ def load_model(
         init_dummy_weights(net, seed)
     else:
         if not load_checkpoint(net, path, progress=progress) and config.num_nextn_predict_layers:
-            config = dataclasses.replace(config, num_nextn_predict_layers=0, mtp_layer_types=())
+            # No MTP / DSpark tensors: run without the draft layers (and their cache).
+            config = dataclasses.replace(
+                config, num_nextn_predict_layers=0, mtp_layer_types=(), dspark=None
+            )
             net.config = config
             net.mtp = nn.ModuleList()
     cast_for_inference(net, resolve_dtype(dtype, device))
