@@ -52,6 +52,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--drafter-steps", type=int, default=150)
     p.add_argument("--drafter-lr", type=float, default=3e-3)
     p.add_argument("--anchors", type=int, default=24, help="draft blocks per training window")
+    p.add_argument(
+        "--distill-seqs", type=int, default=192, help="target greedy continuations to train on"
+    )
     p.add_argument("--eval-prompts", type=int, default=24)
     p.add_argument("--prompt-len", type=int, default=32)
     p.add_argument("--new-tokens", type=int, default=64)
@@ -92,12 +95,20 @@ def main(argv: list[str] | None = None) -> int:
     held = evaluate.heldout_nll(target, corp, support, args.seq_len, args.eval_tokens)
     print(f"held-out NLL {held['nll']:.3f} (ppl {held['ppl']:.1f}); untrained {random_nll:.3f}")
 
+    generated = None
+    if args.distill_seqs:
+        t0 = time.monotonic()
+        gen = torch.Generator().manual_seed(args.seed + 4)
+        prompts = corpus_mod.windows(corp.train, args.prompt_len, args.distill_seqs, gen)
+        generated = target_mod.generate_greedy(target, prompts, args.seq_len - args.prompt_len)
+        print(f"generated {generated.shape[0]} greedy continuations for the drafter in "
+              f"{time.monotonic() - t0:.0f}s", flush=True)  # fmt: skip
     drafter = DSparkDrafter(config)
     drafter_mod.init_drafter(drafter, corp.vocab, args.seed + 2)
     d_report = drafter_mod.train(
         drafter, target, corp, support, steps=args.drafter_steps, batch=args.batch,
         seq_len=args.seq_len, anchors=args.anchors, lr=args.drafter_lr, seed=args.seed + 3,
-        deadline=deadline,
+        deadline=deadline, generated=generated,
     )  # fmt: skip
     target_mod.round_to_shipped(drafter)
 

@@ -1,9 +1,12 @@
 """The DSpark drafter, trained with the target frozen (model.dspark holds the modules and their
 plain forward; this is the loss and the loop).
 
-Each step draws windows of the corpus, runs the frozen target once over them for the taps and
-its distributions, and drafts blocks at random anchors (teacher forcing: the Markov head and the
-confidence head read the true previous token, as DeepSpec trains them). The loss is the paper's:
+Each step draws windows, half from the corpus and half from the target's own greedy
+continuations of corpus prompts (DeepSpec, too, trains on text its target generated: the drafter
+is to predict the target, and at serving it drafts continuations of the target's own output),
+runs the frozen target once over them for the taps and its distributions, and drafts blocks at
+random anchors (teacher forcing: the Markov head and the confidence head read the true previous
+token, as DeepSpec trains them). The loss is the paper's:
 0.1 CE (the draft against the corpus token) + 0.9 TV (total variation between the draft's and
 the target's distributions: 1 - TV is the probability that a sampled draft is accepted) + 1.0
 BCE of the confidence head against c* = 1 - TV (detached), each position weighted by
@@ -108,8 +111,10 @@ def train(
     lr: float,
     seed: int,
     deadline: float,
+    generated: torch.Tensor | None = None,
     log_every: int = 10,
 ) -> dict:
+    """generated: [M, seq_len] windows of the target's own output; half of every batch."""
     from tiny_training.corpus import windows
 
     gen = torch.Generator().manual_seed(seed)
@@ -126,7 +131,11 @@ def train(
         scale = frac if step < warm else 0.1 + 0.45 * (1 + math.cos(math.pi * frac))
         for grp in opt.param_groups:
             grp["lr"] = lr * scale
-        x = windows(corpus.train, seq_len, batch, gen)
+        n_gen = 0 if generated is None else batch // 2
+        x = windows(corpus.train, seq_len, batch - n_gen, gen)
+        if n_gen:
+            pick = torch.randint(0, generated.shape[0], (n_gen,), generator=gen)
+            x = torch.cat([x, generated[pick, :seq_len]])
         pos = sample_anchors(batch, seq_len, anchors, gen)
         terms = block_losses(drafter, target, support, x, pos)
         wce, wtv, wbce = LOSS_WEIGHTS

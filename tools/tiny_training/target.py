@@ -147,3 +147,19 @@ def taps_and_hidden(model, ids: torch.Tensor, layers: tuple[int, ...]):
         for hk in hooks:
             hk.remove()
     return torch.stack([got[i] for i in layers], 2), h
+
+
+def generate_greedy(model, prompts: torch.Tensor, new: int, chunk: int = 32) -> torch.Tensor:
+    """[N, P + new]: each prompt [N, P] (same length, so no padding) and its greedy
+    continuation, through transformers' cached generation, `chunk` prompts at a time."""
+    outs = []
+    for i in range(0, prompts.shape[0], chunk):
+        x = prompts[i : i + chunk]
+        ones = torch.ones_like(x)
+        with torch.no_grad():
+            y = model.generate(
+                x, max_new_tokens=new, do_sample=False, eos_token_id=None, pad_token_id=0,
+                attention_mask=ones,
+            )  # fmt: skip
+        outs.append(y)
+    return torch.cat(outs)

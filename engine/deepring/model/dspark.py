@@ -131,11 +131,14 @@ class DSparkDrafter(nn.ModuleList):
     # ---- the plain forward -------------------------------------------------------------------
 
     def fuse(self, taps: torch.Tensor) -> torch.Tensor:
-        """main_x [..., D] from the taps [..., n_taps, D] (or already concatenated)."""
-        if taps.dim() >= 2 and taps.shape[-2] == len(self.ds.target_layer_ids):
-            taps = taps.flatten(-2)
+        """main_x [..., D] = main_norm(main_proj(concatenated taps)), taps [..., n_taps, D] in
+        the order of target_layer_ids."""
+        want = (len(self.ds.target_layer_ids), self.config.hidden_size)
+        if taps.dim() < 2 or tuple(taps.shape[-2:]) != want:
+            raise ValueError(f"taps must be [..., {want[0]}, {want[1]}], got {tuple(taps.shape)}")
         first = self.first
-        return _rms(first.main_proj(taps.to(first.main_proj.weight.dtype)), first.main_norm)
+        x = taps.flatten(-2).to(first.main_proj.weight.dtype)
+        return _rms(first.main_proj(x), first.main_norm)
 
     def block_hidden(
         self,
