@@ -82,7 +82,12 @@ def _generate(args: argparse.Namespace) -> int:
 
 def _add_generate(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("generate", help="offline generation from the command line")
-    p.add_argument("--model", default="tiny", help="model path or 'tiny' (embedded default)")
+    p.add_argument(
+        "--model",
+        default="tiny",
+        help="model path or an embedded model: 'tiny' (the default, random weights) or "
+        "'tiny-trained' (trained on the Python standard library)",
+    )
     for flags, kind, text in [
         (("-p", "--prompt"), "text", "a text prompt (repeatable)"),
         (("--ids",), "ids", "a prompt as comma-separated token ids (repeatable)"),

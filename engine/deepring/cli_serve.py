@@ -18,11 +18,17 @@ from pathlib import Path
 
 from deepring import cli_sched, cli_security, env
 from deepring.config import EngineSpec, FrontendConfig, ServeConfig, WorkerConfig, check_address
+from deepring.model.embedded import EMBEDDED, is_embedded
 
 
 def _add_engine_args(p: argparse.ArgumentParser, max_num_seqs: int = 64) -> None:
     g = p.add_argument_group("model and caches")
-    g.add_argument("--model", default="tiny", help="model path or 'tiny' (embedded default)")
+    g.add_argument(
+        "--model",
+        default="tiny",
+        help="model path or an embedded model: 'tiny' (the default, random weights) or "
+        "'tiny-trained' (trained on the Python standard library)",
+    )
     g.add_argument(
         "--zero-cost",
         action="store_true",
@@ -287,7 +293,7 @@ def _add_frontend_args(p: argparse.ArgumentParser, frontend_only: bool = False) 
 def _served_names(args: argparse.Namespace) -> tuple[str, ...]:
     if args.served_model_name:
         return tuple(args.served_model_name)
-    return ("tiny",) if args.model == "tiny" else (Path(args.model).name,)
+    return (args.model,) if is_embedded(args.model) else (Path(args.model).name,)
 
 
 def _origins(text: str) -> tuple[str, ...]:
@@ -332,13 +338,17 @@ def _frontend_config(
 
 def _model_error(args: argparse.Namespace, needs_tokenizer: bool) -> str | None:
     """What is wrong with --model (and the tokenizer it brings), before anything starts."""
-    if args.model == "tiny":
+    if is_embedded(args.model):
         return None
     from deepring.model.config import ModelConfig
 
     p = Path(args.model).expanduser()
     if not p.is_dir():
-        return f"--model {args.model!r} is neither 'tiny' nor a checkpoint directory"
+        names = ", ".join(EMBEDDED)
+        return (
+            f"--model {args.model!r} is neither an embedded model ({names}) nor a checkpoint "
+            "directory"
+        )
     try:
         ModelConfig.from_pretrained(p)
     except ValueError as e:

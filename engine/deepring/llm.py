@@ -26,6 +26,7 @@ import torch
 from deepring import env
 from deepring.config import EngineSpec
 from deepring.core.build import build_engine
+from deepring.model.embedded import is_embedded
 from deepring.sampling.params import SamplingParams, TokenLogprob
 from deepring.sampling.sampler import splitmix64
 from deepring.structured.constraint import Constraint
@@ -89,7 +90,7 @@ class LLM:
         self.engine = built.engine
         self.model = built.model
         self.config = built.config
-        self.name = "tiny" if spec.model == "tiny" else Path(spec.model).name
+        self.name = spec.model if is_embedded(spec.model) else Path(spec.model).name
         self.tokenizer = None
         tok_path = Path(tokenizer) if tokenizer is not None else built.path
         if tok_path is not None:

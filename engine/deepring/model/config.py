@@ -8,6 +8,7 @@ Accepts both spellings that exist in the wild: the transformers-native one writt
 
 from __future__ import annotations
 
+import itertools
 import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -43,6 +44,30 @@ class YarnScaling:
     original_max_position_embeddings: int
     beta_fast: float = 32.0
     beta_slow: float = 1.0
+
+
+@dataclass(frozen=True)
+class DSparkConfig:
+    """The DSpark drafter attached to a checkpoint (V4-Flash-DSpark, V4-Flash-0731, V4.1).
+
+    Its `num_stages` draft stages are V4 blocks with sliding-window attention only, stored
+    under `mtp.0..` in place of the MTP layer (the checkpoints keep a stale
+    num_nextn_predict_layers = 1 beside three stages; the stage count comes from the trailing
+    compress_ratios entries). The target's hidden states after `target_layer_ids` (mean over
+    the hyper-connection streams) are fused by `mtp.0.main_proj`; a block drafts
+    `block_size` tokens from [anchor, noise x (block_size - 1)]."""
+
+    block_size: int
+    noise_token_id: int
+    target_layer_ids: tuple[int, ...]
+    markov_rank: int
+    num_stages: int
+    # The stages' MoE (V4.1 gives the drafter fewer experts; V4 the backbone's).
+    n_routed_experts: int
+    num_experts_per_tok: int
+    # Sequential temperature scaling of the confidence head, one per draft position (ours:
+    # `dspark_confidence_temperatures`; empty = uncalibrated, every temperature 1).
+    confidence_temperatures: tuple[float, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -85,6 +110,8 @@ class ModelConfig:
     eos_token_ids: tuple[int, ...] = (1,)
     tie_word_embeddings: bool = False
     torch_dtype: str = "bfloat16"
+    # The DSpark drafter; its stages then fill the MTP slots (mtp_layer_types).
+    dspark: DSparkConfig | None = None
     extra: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
 
     def __post_init__(self) -> None:
@@ -109,6 +136,29 @@ class ModelConfig:
         for t in set(self.layer_types) - {SLIDING}:
             need(rates.get(t, 0) > 0, f"missing compress rate for {t}")
         need(self.hc_mult >= 1 and self.hc_sinkhorn_iters >= 1, "hc settings")
+        if self.dspark is not None:
+            self._check_dspark(self.dspark, need)
+
+    def _check_dspark(self, ds: DSparkConfig, need) -> None:
+        need(ds.block_size >= 1, "dspark_block_size must be >= 1")
+        need(0 <= ds.noise_token_id < self.vocab_size, "dspark_noise_token_id outside the vocab")
+        ids = ds.target_layer_ids
+        need(len(ids) >= 1, "dspark_target_layer_ids is empty")
+        need(
+            all(0 <= i < self.num_hidden_layers for i in ids)
+            and all(a < b for a, b in itertools.pairwise(ids)),
+            "dspark_target_layer_ids must be increasing backbone layer ids",
+        )
+        need(ds.markov_rank >= 0, "dspark_markov_rank must be >= 0")
+        need(ds.num_stages >= 1, "a DSpark drafter needs at least one stage")
+        need(self.mtp_layer_types == (SLIDING,) * ds.num_stages, "DSpark stages are sliding-only")
+        need(0 < ds.num_experts_per_tok <= ds.n_routed_experts, "DSpark experts top-k")
+        need(
+            not ds.confidence_temperatures
+            or (len(ds.confidence_temperatures) == ds.block_size
+                and all(t > 0 for t in ds.confidence_temperatures)),
+            "dspark_confidence_temperatures: one positive temperature per draft position",
+        )  # fmt: skip
 
     # ---- derived -------------------------------------------------------------------------------
 
@@ -230,6 +280,14 @@ class ModelConfig:
                 if n + i < len(ratios):
                     mtp_types[i] = ratio_to_type.get(int(ratios[n + i]), SLIDING)
 
+        dspark = _dspark_from_hf(d, n, ratios, n_mtp)
+        if dspark is not None:  # the stages take the MTP slots, whatever num_nextn says
+            n_mtp = dspark.num_stages
+            tail = list(ratios[n:]) if ratios is not None else []
+            if any(int(r) != 0 for r in tail[:n_mtp]):
+                raise ValueError("DSpark stages must be sliding-only (compress ratio 0)")
+            mtp_types = [SLIDING] * n_mtp
+
         eos = d.get("eos_token_id", 1)
         eos_ids = tuple(int(e) for e in (eos if isinstance(eos, list) else [eos]) if e is not None)
         dtype = d.get("torch_dtype") or d.get("dtype") or "bfloat16"
@@ -277,7 +335,8 @@ class ModelConfig:
             eos_token_ids=eos_ids,
             tie_word_embeddings=bool(d.get("tie_word_embeddings", False)),
             torch_dtype=dtype.replace("torch.", ""),
-            extra={k: v for k, v in d.items() if k not in known},
+            dspark=dspark,
+            extra={k: v for k, v in d.items() if k not in known and not k.startswith("dspark_")},
         )
 
     @classmethod
@@ -306,7 +365,7 @@ class ModelConfig:
                 attention_factor=1.0,
             )
         d = asdict(self)
-        for k in ("yarn", "extra", "rope_head_dim", "eos_token_ids", "mtp_layer_types"):
+        for k in ("yarn", "extra", "rope_head_dim", "eos_token_ids", "mtp_layer_types", "dspark"):
             d.pop(k)
         d["dtype"] = d.pop("torch_dtype")
         d.update(
@@ -330,4 +389,54 @@ class ModelConfig:
             # Our own key: the attention type of each MTP layer (transformers ignores it).
             mtp_compress_ratios=[self.compress_rate(t) for t in self.mtp_layer_types],
         )
+        if self.dspark is not None:
+            ds = self.dspark
+            d.update(
+                dspark_block_size=ds.block_size,
+                dspark_noise_token_id=ds.noise_token_id,
+                dspark_target_layer_ids=list(ds.target_layer_ids),
+                dspark_markov_rank=ds.markov_rank,
+                dspark_num_stages=ds.num_stages,
+                dspark_n_routed_experts=ds.n_routed_experts,
+                dspark_num_experts_per_tok=ds.num_experts_per_tok,
+            )
+            if ds.confidence_temperatures:
+                d["dspark_confidence_temperatures"] = list(ds.confidence_temperatures)
         return d
+
+
+def _dspark_from_hf(
+    d: dict[str, Any], n: int, ratios: list | None, n_mtp: int
+) -> DSparkConfig | None:
+    """The DSpark drafter of a config.json, if it has one (`dspark_block_size` present).
+
+    Stage count: our `dspark_num_stages`, else the compress_ratios entries past the backbone
+    (46 - 43 = 3 on V4-Flash-DSpark, whose num_nextn_predict_layers still says 1), else
+    num_nextn_predict_layers (V4.1 says 3)."""
+    if d.get("dspark_block_size") is None:
+        return None
+    if d.get("dspark_num_stages") is not None:
+        stages = int(d["dspark_num_stages"])
+    elif ratios is not None and len(ratios) > n:
+        stages = len(ratios) - n
+    else:
+        stages = n_mtp
+    try:
+        targets = tuple(int(i) for i in d["dspark_target_layer_ids"])
+        noise = int(d["dspark_noise_token_id"])
+    except KeyError as e:
+        raise ValueError(f"DSpark config.json lacks {e.args[0]!r}") from None
+    return DSparkConfig(
+        block_size=int(d["dspark_block_size"]),
+        noise_token_id=noise,
+        target_layer_ids=targets,
+        markov_rank=int(d.get("dspark_markov_rank") or 0),
+        num_stages=stages,
+        n_routed_experts=int(d.get("dspark_n_routed_experts") or d.get("n_routed_experts", 256)),
+        num_experts_per_tok=int(
+            d.get("dspark_num_experts_per_tok") or d.get("num_experts_per_tok", 6)
+        ),
+        confidence_temperatures=tuple(
+            float(t) for t in d.get("dspark_confidence_temperatures") or ()
+        ),
+    )

@@ -1,4 +1,5 @@
-"""Build a DeepseekV4 from a checkpoint directory, the embedded `tiny` model, or dummy weights."""
+"""Build a DeepseekV4 from a checkpoint directory, an embedded model (model.embedded), or dummy
+weights."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from torch import nn
 from deepring.kernels.cpu_warmup import warm_up_cpu_kernels
 from deepring.model.config import ModelConfig
 from deepring.model.dummy import init_dummy_weights
+from deepring.model.embedded import EMBEDDED, embedded_dir
 from deepring.model.model import DeepseekV4
 from deepring.model.weights import cast_for_inference, load_checkpoint
 
@@ -38,13 +40,14 @@ def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torc
 
 
 def resolve_model_path(model: str | Path) -> Path:
-    if str(model) == "tiny":
-        from deepring.model.tiny import tiny_model_dir
-
-        return tiny_model_dir()
+    if str(model) in EMBEDDED:
+        return embedded_dir(str(model))
     p = Path(model).expanduser()
     if not (p / "config.json").is_file():
-        raise ValueError(f"model {str(model)!r} is neither 'tiny' nor a directory with config.json")
+        raise ValueError(
+            f"model {str(model)!r} is neither an embedded model ({', '.join(EMBEDDED)}) nor a "
+            "directory with config.json"
+        )
     return p
 
 
@@ -75,7 +78,10 @@ def load_model(
         init_dummy_weights(net, seed)
     else:
         if not load_checkpoint(net, path, progress=progress) and config.num_nextn_predict_layers:
-            config = dataclasses.replace(config, num_nextn_predict_layers=0, mtp_layer_types=())
+            # No MTP / DSpark tensors: run without the draft layers (and their cache).
+            config = dataclasses.replace(
+                config, num_nextn_predict_layers=0, mtp_layer_types=(), dspark=None
+            )
             net.config = config
             net.mtp = nn.ModuleList()
     cast_for_inference(net, resolve_dtype(dtype, device))

@@ -1,8 +1,9 @@
 """The DeepSeek V4 causal LM over serving caches.
 
 Parameter names follow transformers' `DeepseekV4ForCausalLM` (`model.layers.N.self_attn...`,
-`lm_head.weight`), so a `save_pretrained` checkpoint loads as it is; MTP layers live under
-`mtp.N.` (transformers skips those keys).
+`lm_head.weight`), so a `save_pretrained` checkpoint loads as it is; MTP layers, or a DSpark
+drafter's stages (model.dspark.DSparkDrafter), live under `mtp.N.` (transformers skips those
+keys).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from deepring.cache.pool import KVCachePool
 from deepring.kernels.greedy_head import GreedyArgmax
 from deepring.model.batch import ForwardBatch
 from deepring.model.config import ModelConfig
+from deepring.model.dspark import DSparkDrafter
 from deepring.model.hc import HyperHead
 from deepring.model.layer import DecoderLayer
 from deepring.model.mtp import MTPLayer
@@ -53,7 +55,12 @@ class DeepseekV4(nn.Module):
         self.config = config
         self.model = Backbone(config)
         self.lm_head = linear(config.hidden_size, config.vocab_size)
-        self.mtp = nn.ModuleList(MTPLayer(config, lt) for lt in config.mtp_layer_types)
+        # The MTP slots hold either MTP layers or, on a DSpark checkpoint, the draft stages.
+        self.mtp: nn.ModuleList = (
+            DSparkDrafter(config)
+            if config.dspark is not None
+            else nn.ModuleList(MTPLayer(config, lt) for lt in config.mtp_layer_types)
+        )
         self._rope: RopeTables | None = None
         self._greedy = GreedyArgmax()
 
@@ -124,6 +131,8 @@ class DeepseekV4(nn.Module):
         is that backbone step's final streams (StepOutput.hidden). Row i then predicts the
         token two positions after its position. The MTP layer keeps its own window ring.
         """
+        if self.config.dspark is not None:
+            raise ValueError("this model's MTP slots hold a DSpark drafter, not MTP layers")
         if depth >= len(self.mtp):
             raise ValueError(f"this model has {len(self.mtp)} MTP layers, asked for {depth}")
         layer = self.mtp[depth]
