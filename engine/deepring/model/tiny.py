@@ -10,6 +10,7 @@ import json
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -89,13 +90,20 @@ def _fingerprint() -> str:
 def tiny_model_dir(cache_dir: Path | None = None) -> Path:
     """The cached tiny checkpoint directory, created on first use (atomically)."""
     root = cache_dir if cache_dir is not None else env.cache_dir()
-    out = root / f"tiny-{_fingerprint()}"
+    return cached_checkpoint(root, f"tiny-{_fingerprint()}", _write_tiny)
+
+
+def cached_checkpoint(root: Path, name: str, write: Callable[[Path], None]) -> Path:
+    """root/name, a checkpoint directory (model.safetensors + tokenizer.json) that `write`
+    fills on first use: written into a temporary directory and renamed into place, so
+    concurrent first uses never see a partial one."""
+    out = root / name
     if (out / "model.safetensors").is_file() and (out / "tokenizer.json").is_file():
         return out
     root.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=".tiny-", dir=root))
+    tmp = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=root))
     try:
-        _write_tiny(tmp)
+        write(tmp)
         try:
             os.replace(tmp, out)
         except OSError:  # another process won the race: keep its copy

@@ -18,16 +18,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import shutil
-import tempfile
 from pathlib import Path
 
 import torch
 
 from deepring import env
 from deepring.model.config import HASH_MOE, ModelConfig
-from deepring.model.tiny import TINY_CONFIG
+from deepring.model.tiny import TINY_CONFIG, cached_checkpoint
 from deepring.protocol.tokenizer import write_v41_tokenizer
 
 NAME = "tiny-trained"
@@ -164,22 +161,7 @@ def tiny_trained_model_dir(cache_dir: Path | None = None, weights: Path = WEIGHT
     blob = weights.read_bytes() if weights.is_file() else b""
     key = hashlib.sha256(blob + f"/{ASSEMBLY_FORMAT}".encode()).hexdigest()[:12]
     root = cache_dir if cache_dir is not None else env.cache_dir()
-    out = root / f"{NAME}-{key}"
-    if (out / "model.safetensors").is_file() and (out / "tokenizer.json").is_file():
-        return out
-    root.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{NAME}-", dir=root))
-    try:
-        _assemble(tmp, weights)
-        try:
-            os.replace(tmp, out)
-        except OSError:  # another process won the race: keep its copy
-            if not (out / "model.safetensors").is_file():
-                raise
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
-    return out
+    return cached_checkpoint(root, f"{NAME}-{key}", lambda path: _assemble(path, weights))
 
 
 def _assemble(path: Path, weights: Path) -> None:
