@@ -405,3 +405,23 @@ def test_a_forced_function_call_is_constrained_to_a_complete_call(recipe):
     prep = _prepare(recipe, RESPONSES, body)
     assert prep.constraint.kind == "tool_call_required"
     assert "start: calls" in _grammar(prep)
+
+
+def test_thinking_budget_reaches_the_sampling_params(recipe):
+    """budget_tokens bounds the reasoning (enforced by the engine: test_thinking_budget) when
+    the output starts in thinking mode; otherwise there is nothing to bound."""
+    think_end = recipe.tokenizer.token_to_id("</think>")
+    on = {"type": "enabled", "budget_tokens": 1500}
+    chat_on = {"type": "enabled", "budget_tokens": 7}
+    for api, body in ((MESSAGES, {"thinking": on}), (CHAT, {"thinking": chat_on})):
+        p = _prepare(recipe, api, {**BODIES[api], **body}).params
+        want = body["thinking"]["budget_tokens"]
+        assert (p.thinking_budget, p.think_end_id) == (want, think_end)
+    for api, body in (
+        (MESSAGES, {"thinking": {"type": "disabled"}}),
+        (MESSAGES, {}),
+        (CHAT, {"thinking": {"type": "enabled"}}),  # no budget: max_tokens bounds it
+        (CHAT, {"thinking": {"type": "disabled", "budget_tokens": 5}}),
+    ):
+        p = _prepare(recipe, api, {**BODIES[api], **body}).params
+        assert p.thinking_budget is None, body

@@ -45,6 +45,8 @@ class Request:
     # (structured.runtime.GrammarState, consumed every output token so far).
     constraint: Constraint | None = None
     grammar: Any = None
+    # Whether the output holds the end of thinking (SamplingParams.thinking_budget's count).
+    thinking_ended: bool = False
     # The log probabilities of the token the runner sampled this step, when params.logprobs
     # asks for them (EngineCore.step takes them into the StepResult).
     new_logprob: TokenLogprob | None = None

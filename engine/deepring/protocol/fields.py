@@ -52,6 +52,8 @@ class Served:
     must_call: bool = False
     # The JSON Schema the answer must match (Messages output_format / output_config.format).
     output_schema: dict | None = None
+    # Tokens of reasoning before `</think>` is forced (thinking.budget_tokens), when thinking.
+    thinking_budget: int | None = None
     # Responses: what the response object reports beyond the recipe's echo
     # (ResponsesEcho.with_served keyword arguments).
     echo: dict[str, Any] = field(default_factory=dict)
@@ -219,6 +221,17 @@ def _output_config(ctx: _Ctx, name: str, v: Any) -> None:
         _output_format(ctx, "output_config.format", v.get("format"))
 
 
+def _thinking(ctx: _Ctx, name: str, v: Any) -> None:
+    """thinking.budget_tokens (Anthropic's; the recipe reads Chat's too but ignores it): the
+    reasoning gets at most that many tokens, then `</think>` is forced (engine side). The recipe
+    has checked the object's shape."""
+    budget = v.get("budget_tokens") if isinstance(v, dict) else None
+    valid = isinstance(budget, int) and not isinstance(budget, bool) and budget >= 0
+    if valid and ctx.conv.conversation.thinking_mode:
+        ctx.served.thinking_budget = min(budget, _MAX_BUDGET)
+
+
+_MAX_BUDGET = 2**31 - 1  # beyond any max_tokens: the same as no budget
 _NO_STORE = "this server stores nothing"
 _SERVING = {
     CHAT: {
@@ -236,6 +249,7 @@ _SERVING = {
         "web_search_options": _only(why="not supported: no web search is served"),
         "functions": _only(why="not supported: use tools"),
         "function_call": _only(why="not supported: use tool_choice"),
+        "thinking": _thinking,
     },
     RESPONSES: {
         "parallel_tool_calls": _parallel_tool_calls,
@@ -264,6 +278,7 @@ _SERVING = {
         "container": _only(why="not supported: no code execution is served"),
         "mcp_servers": _only([], why="not supported: no MCP connector is served"),
         "context_management": _only(why="not supported: the context is never edited"),
+        "thinking": _thinking,
     },
 }  # fmt: skip
 

@@ -262,6 +262,12 @@ class Recipe:
         if io.seed is not None:
             extra["seed"] = io.seed
         seed = extra["seed"] if extra.get("seed") is not None else random.getrandbits(63)
+        stage = conv.parsing_options.thinking_initial_stage
+        budget = served.thinking_budget
+        reasoning = stage is not None and stage.starts_in_reasoning()
+        if budget is not None and reasoning and self.markers.think_end is not None:
+            extra["thinking_budget"] = served.thinking_budget
+            extra["think_end_id"] = self.markers.think_end
         params = SamplingParams(
             temperature=float(io.temperature if io.temperature is not None else 1.0),
             top_p=float(io.top_p if io.top_p is not None else 1.0),
