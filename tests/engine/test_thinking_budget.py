@@ -103,3 +103,21 @@ def test_with_a_grammar_the_answer_still_follows_and_validates(deepring_cache_di
         assert budget <= at <= budget + 3, out.token_ids
         assert out.finish_reason == "stop"
         assert llm.tokenizer.decode(out.token_ids[at + 1 : -1]) in ("17", "42")
+
+
+def test_the_zero_cost_runner_ends_the_reasoning_too():
+    from deepring.cache.pool import CacheConfig
+    from deepring.core.engine import EngineCore
+    from deepring.core.scheduler import SchedulerConfig
+    from deepring.core.zero_cost import ZeroCostRunner
+
+    runner = ZeroCostRunner(list(range(100, 150)))
+    cache = CacheConfig(num_blocks=16, num_slots=2, block_size=16)
+    eng = EngineCore(runner, cache, SchedulerConfig(max_num_seqs=2), max_model_len=256,
+                     vocab_size=1000)  # fmt: skip
+    p = _params(0.0, thinking_budget=2, think_end_id=END)
+    req = eng.add(1, ids(5, 1), p, 5)
+    while eng.has_work:
+        eng.step()
+    canned = [runner.token_at(5, len(req.prompt_ids) + i) for i in range(10)]
+    assert req.output_ids == [*canned[:2], END, *canned[3:]]
