@@ -369,10 +369,10 @@ _INTEGERS = {
 def explain_parse_error(api: str, body: Any, message: str) -> ApiError:
     """A clearer 400 than serde's for what clients commonly send wrong, naming the field: a
     decimal where an integer goes (OpenAI refuses `16.0` too: "Invalid type for
-    'max_output_tokens': expected an integer, but got a decimal number instead."), and
-    tool_choice allowed_tools, which the protocol types do not know. Otherwise the recipe's."""
+    'max_output_tokens': expected an integer, but got a decimal number instead."). Otherwise
+    the recipe's."""
     try:  # the body may not be JSON at all: then the recipe's message says so
-        got = request_fields(body, [*_INTEGERS[api], "tool_choice"])
+        got = request_fields(body, list(_INTEGERS[api]))
     except (ValueError, TypeError, OverflowError, RecursionError):
         return ApiError(400, message)
     if "floating point" in message:
@@ -383,9 +383,4 @@ def explain_parse_error(api: str, body: Any, message: str) -> ApiError:
                 return ApiError(400, f"{name}: Input should be a valid integer")
             what = "expected an integer, but got a decimal number instead."
             return field_error(name, f"Invalid type for '{name}': {what}", "invalid_type")
-    choice = got.get("tool_choice")
-    if isinstance(choice, dict) and choice.get("type") == "allowed_tools":
-        what = "declare only the tools the model may call, with tool_choice auto or required"
-        message = f"tool_choice allowed_tools is not supported: {what}"
-        return field_error("tool_choice", message, "unsupported_value")
     return ApiError(400, message)
