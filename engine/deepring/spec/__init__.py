@@ -1,7 +1,8 @@
 """The engine-independent pieces of speculative decoding (DSpark): lossless verification of
 drafts and its deterministic randomness (accept), the confidence-driven prefix scheduler
 (schedule), the steps-per-second curve it trades against (profile), and the calibration of the
-drafter's confidence head (calibrate). Torch and numpy only; no engine state."""
+drafter's confidence head (calibrate). Torch, numpy, sampling's SplitMix64 and cost's StepCost;
+no engine state, so the engine and offline tools share it."""
 
 from deepring.spec.accept import accept_greedy, accept_sampled, step_uniforms, uniforms
 from deepring.spec.calibrate import (
