@@ -192,6 +192,24 @@ def test_sampled_is_a_function_of_the_seeds_and_positions():
             u_acc[i : i + 1], u_res[i : i + 1],
         )  # fmt: skip
         assert (one[0].item(), one[1].item()) == (a[0][i].item(), a[1][i].item())
+    # Half-precision distributions are taken as they are (normalisers summed in float32).
+    n, nxt = accept_sampled(draft, lengths, q.bfloat16(), p.bfloat16(), u_acc, u_res)
+    assert (n <= lengths).all()
+    assert ((nxt >= 0) & (nxt < 50)).all()
+
+
+@pytest.mark.gpu
+def test_sampled_on_the_device_equals_the_host():
+    """The same verification on CUDA (p and q there, the uniforms and lengths from the host,
+    as step_uniforms builds them) gives the host's tokens."""
+    draft, lengths, q, p = _batch(64, 5, 1000, seed=6)
+    u_acc, u_res = step_uniforms(list(range(64)), [3 * i for i in range(64)], 5)
+    for qq in (q, None):
+        want = accept_sampled(draft, lengths, qq, p, u_acc, u_res)
+        got = accept_sampled(
+            draft.cuda(), lengths, None if qq is None else qq.cuda(), p.cuda(), u_acc, u_res
+        )
+        assert [g.tolist() for g in got] == [w.tolist() for w in want]
 
 
 def test_uniform_streams():
@@ -246,13 +264,15 @@ def test_degenerate_rows():
     n, nxt = accept_sampled(draft, lengths, None, p, u, torch.tensor([0.0, 0.5, 0.9999999]))
     assert n.tolist() == [2, 0, 0]
     assert nxt.tolist() == [3, 3, 3]
-    # Unnormalised weights are normalised; u right at 1 never lands on a zero-weight token.
+    # Unnormalised weights are normalised; u at (or even past) the top never lands on a
+    # zero-weight token.
     w = torch.tensor([[[0.0, 2.0, 0.0, 2.0, 0.0]]])
-    n, nxt = accept_sampled(
-        torch.zeros(1, 0, dtype=torch.long), torch.tensor([0]), None, w,
-        torch.zeros(1, 0), torch.tensor([1.0 - 2**-53]),
-    )  # fmt: skip
-    assert nxt.tolist() == [3]
+    for top in (1.0 - 2**-53, 1.0):
+        n, nxt = accept_sampled(
+            torch.zeros(1, 0, dtype=torch.long), torch.tensor([0]), None, w,
+            torch.zeros(1, 0), torch.tensor([top]),
+        )  # fmt: skip
+        assert nxt.tolist() == [3]
     # q equal to p: every draft accepted whatever u.
     draft, lengths, q, _ = _batch(6, 3, 20, seed=2)
     p = torch.cat([q, q[:, :1]], 1)

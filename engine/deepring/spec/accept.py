@@ -172,28 +172,33 @@ def accept_sampled(
     if u_resample.shape not in ((r,), (r, g + 1)):
         shape = list(u_resample.shape)
         raise ValueError(f"u_resample must be [{r}] or [{r}, {g + 1}], got {shape}")
-    if validate:
-        _check_dist(p, "p")
-        if q is not None:
-            _check_dist(q, "q")
-        if v == 0:
-            raise ValueError("an empty vocabulary")
+    if v == 0:
+        raise ValueError("an empty vocabulary")
     if r == 0:
         empty = torch.zeros(0, dtype=torch.long, device=p.device)
         return empty, empty.clone()
-    # Double precision for the test and the draw: the ratio p/q of two small float32
-    # probabilities, and a cumulative sum over 129k tokens, both want the headroom.
-    p_sum = p.sum(-1, dtype=torch.float64)  # [R, G+1]: the normalisers, not normalised copies
-    ids = draft_ids.long()
+    # The normalisers [R, G+1] (not normalised copies of p and q: those are [R, G+1, V]).
+    # Summed in float32 unless the input is float64: a float64 reduction over the whole
+    # [R, G+1, V] is some 40x slower on a CPU, and the sums need no more than float32's 1e-7.
+    p_sum = _sums(p)
+    q_sum = None if q is None else _sums(q)
+    if validate:
+        _check_dist(p, p_sum, "p")
+        if q is not None:
+            _check_dist(q, q_sum, "q")
+    # Double precision for the test and the draw (on [R, G] and [R, V] only): the ratio of
+    # two small probabilities, and a cumulative sum over 129k tokens, both want the headroom.
+    ids = draft_ids.to(p.device, torch.long)
+    lengths = lengths.to(p.device)
     px = p[:, :g].gather(2, ids[..., None]).squeeze(2).double() / p_sum[:, :g]
-    if q is None:
+    if q_sum is None:
         qx = torch.ones_like(px)
     else:
-        q_sum = q.sum(-1, dtype=torch.float64)
         qx = q.gather(2, ids[..., None]).squeeze(2).double() / q_sum
     # u < min(1, px/qx) written without the division: u < 1 makes the min implicit, and a
-    # draft q gave no mass (qx = 0) is accepted exactly when p gives it some.
-    ok = u_accept.double() * qx < px
+    # draft to which q gave no mass (qx = 0) is accepted exactly when p gives it some. The
+    # uniforms may come from the host (step_uniforms builds them there by default).
+    ok = u_accept.to(p.device, torch.float64) * qx < px
     n = _leading(ok, lengths)
     rows = torch.arange(r, device=p.device)
     weights = p[rows, n].double() / p_sum[rows, n][:, None]  # [R, V]: p where the token lands
@@ -209,8 +214,10 @@ def accept_sampled(
         # Fall back to p where the residual has no mass (p <= q everywhere after rounding).
         use = rejected & (resid.sum(-1) > 0)
         weights = torch.where(use[:, None], resid, weights)
-    u = u_resample if u_resample.dim() == 1 else u_resample.gather(1, n[:, None]).squeeze(1)
-    return n, _inverse_cdf(weights, u.double())
+    u = u_resample.to(p.device, torch.float64)
+    if u.dim() == 2:
+        u = u.gather(1, n[:, None]).squeeze(1)
+    return n, _inverse_cdf(weights, u)
 
 
 def _check_drafts(draft_ids: torch.Tensor, lengths: torch.Tensor, validate: bool):
@@ -224,10 +231,20 @@ def _check_drafts(draft_ids: torch.Tensor, lengths: torch.Tensor, validate: bool
     return r, g
 
 
-def _check_dist(x: torch.Tensor, name: str) -> None:
-    if not bool(torch.isfinite(x).all()) or bool((x < 0).any()):
+def _sums(x: torch.Tensor) -> torch.Tensor:
+    acc = torch.float64 if x.dtype == torch.float64 else torch.float32
+    return x.sum(-1, dtype=acc).double()
+
+
+def _check_dist(x: torch.Tensor, sums: torch.Tensor, name: str) -> None:
+    """Non-negative (a NaN fails the min too), finite (an inf makes its sum inf), with mass.
+    A min and the sums already computed: isfinite over [R, G+1, V] costs more than the
+    verification itself on a CPU."""
+    if x.numel() == 0:
+        return
+    if not bool(x.amin() >= 0) or not bool(torch.isfinite(sums).all()):
         raise ValueError(f"{name} must hold finite, non-negative probabilities")
-    if x.numel() and not bool((x.sum(-1) > 0).all()):
+    if not bool((sums > 0).all()):
         raise ValueError(f"every distribution in {name} needs positive mass")
 
 
@@ -241,12 +258,11 @@ def _leading(ok: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
 def _inverse_cdf(weights: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     """Per row of non-negative weights [R, V] (each with mass), the first token whose inclusive
     prefix sum exceeds u * total: kernels.sampling's convention, so a zero-weight token is
-    never drawn."""
+    never drawn (the prefix sum steps past the target only where a token has weight)."""
     cdf = torch.cumsum(weights, -1)
-    target = u * cdf[:, -1]
-    tok = torch.searchsorted(cdf, target[:, None], right=True).squeeze(1)
-    # u * total can round up to total itself (no prefix sum exceeds it): take the last token
-    # with weight, not the last token.
-    v = weights.shape[1]
-    last = v - 1 - (weights > 0).flip(1).long().argmax(1)
-    return torch.minimum(tok, last)
+    total = cdf[:, -1]
+    # No prefix sum exceeds the total itself: u < 1 keeps u * total below it, and the guard
+    # keeps it so for a caller's u == 1.0 too (the kernel clamps to the last token instead,
+    # weight or not).
+    target = torch.minimum(u * total, torch.nextafter(total, torch.zeros_like(total)))
+    return torch.searchsorted(cdf, target[:, None], right=True).squeeze(1)
