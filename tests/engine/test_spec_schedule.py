@@ -173,3 +173,24 @@ def test_edge_cases_and_checks():
         schedule(np.zeros(3), flat, 1)
     with pytest.raises(ValueError, match="outside"):
         throughput([[0.5]], [2], flat)
+
+
+def test_with_the_packages_own_curve_and_survival():
+    """The pieces together: survival from calibrated confidence logits (spec.calibrate), a
+    curve from a step-time model (spec.profile: affine in tokens, so the greedy is optimal),
+    the scheduler equal to exhaustive search."""
+    import torch
+    from deepring.cost.model import StepCost
+    from deepring.spec.calibrate import apply_temperatures, cumulative
+    from deepring.spec.profile import StepsPerSecond
+
+    gen = torch.Generator().manual_seed(0)
+    z = torch.randn(4, 5, generator=gen) * 2 + 1.5
+    survival = cumulative(apply_temperatures(z, torch.tensor([1.0, 1.2, 1.5, 2.0, 2.5])))
+    cost = StepCost.of(base=0.012, token=4e-4, seq=1e-4, pair=0.0, context=1e-7)
+    sps = StepsPerSecond.from_step_cost(cost, [1, 8, 32], seqs=4, context=4 * 2048)
+    got = schedule(survival.numpy(), sps, 5)
+    best, theta = brute_force_schedule(survival.tolist(), sps, 5)
+    assert throughput(survival.numpy(), got, sps) == pytest.approx(theta)
+    assert got == best
+    assert 0 < sum(got) < 20  # neither nothing nor everything: the trade is real here

@@ -18,10 +18,11 @@ j of request r depend only on a_{r,1..j} (and the other requests), never on a_{r
 drafter's a_{r,j+1} is a function of draft j itself (the confidence head sees the previous
 token), so a scheduler that looked further ahead would choose whether to verify a draft by
 looking at that draft, and the verified drafts would no longer be distributed as the drafter's
-q: speculative sampling would stop being lossless. Under the break, every extension taken before
-(r, j) is decided has a value >= a_{r,j}, and row r's later extensions rank after it (ties: lower
-j first), so none of them is looked at. tests/engine/test_spec_schedule.py checks this
-property and shows a curve where searching on would find a better Theta.
+q: speculative sampling would stop being lossless. Under the break, what is looked at before
+(r, j) is decided is other requests' extensions and row r's earlier ones: row r's next extension
+only becomes a candidate once the one before it is in, and the scan ends at the first loss, so
+none of row r's later values is ever read before that decision. tests/engine/test_spec_schedule.py
+checks this property and shows a curve where searching on would find a better Theta.
 
 When the greedy is also optimal (proved in the test file, checked against exhaustive search):
 for survival rows that never increase (every running product of probabilities), the k-th greedy
