@@ -4,6 +4,8 @@ randomness and its two streams, degenerate rows and input checks."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 from deepring.kernels.sampling import sample_torch
@@ -273,6 +275,17 @@ def test_degenerate_rows():
             torch.zeros(1, 0), torch.tensor([top]),
         )  # fmt: skip
         assert nxt.tolist() == [3]
+    # A rejection with nothing left in the residual: p one ulp below q at the draft and equal
+    # elsewhere, a test u so close to 1 that u * q(x) rounds to p(x). max(0, p - q) is all
+    # zero; the draw falls back to p (not to an index past the vocabulary).
+    q = torch.tensor([[[0.5, 0.25, 0.25]]], dtype=torch.float64)
+    p = torch.tensor([[[math.nextafter(0.5, 0), 0.25, 0.25], [0.2, 0.3, 0.5]]], dtype=torch.float64)
+    for u_res, want in ((0.1, 0), (0.6, 1), (0.9, 2)):
+        n, nxt = accept_sampled(
+            torch.tensor([[0]]), torch.tensor([1]), q, p,
+            torch.tensor([[1.0 - 2**-53]], dtype=torch.float64), torch.tensor([u_res]),
+        )  # fmt: skip
+        assert (n.item(), nxt.item()) == (0, want)
     # q equal to p: every draft accepted whatever u.
     draft, lengths, q, _ = _batch(6, 3, 20, seed=2)
     p = torch.cat([q, q[:, :1]], 1)
