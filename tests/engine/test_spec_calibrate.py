@@ -42,6 +42,22 @@ def test_recovers_the_temperature(masked):
     torch.testing.assert_close(got, torch.tensor(TEMPS), rtol=0.1, atol=0.0)
 
 
+def test_the_fit_is_the_likelihoods_minimum():
+    """No temperature on a fine grid has a lower NLL than the section search's (its float32
+    rounding aside)."""
+    z, survived, _ = _synthetic(5_000, TEMPS, seed=5)
+    temps = fit_temperatures(z, survived, torch.ones_like(survived)).double()
+    grid = torch.exp(torch.linspace(-4.6, 4.6, 20_001, dtype=torch.float64))
+    for g in range(len(TEMPS)):
+        zg, yg = z[:, g].double(), survived[:, g].double()
+
+        def nll(t, zg=zg, yg=yg):
+            s = zg[None, :] / t[:, None]
+            return (torch.nn.functional.softplus(s) - yg[None, :] * s).sum(1)
+
+        assert nll(temps[g : g + 1]).item() <= nll(grid).min().item() + 1e-6 * len(zg)
+
+
 def test_calibration_lowers_the_ece():
     z, survived, _ = _synthetic(20_000, TEMPS, seed=1)
     valid = torch.ones_like(survived)

@@ -69,22 +69,22 @@ def fit_temperatures(
         # BCE with logits: softplus(s) - y * s, numerically stable for large |s|.
         return ((torch.nn.functional.softplus(s) - yd * s) * mask).sum(0)
 
-    lo = torch.full((g,), math.log(lo_t), dtype=torch.float64)
-    hi = torch.full((g,), math.log(hi_t), dtype=torch.float64)
-    # Golden section, every position at once (one [N, G] evaluation per iteration).
+    lo = torch.full((g,), math.log(lo_t), dtype=torch.float64, device=z.device)
+    hi = torch.full((g,), math.log(hi_t), dtype=torch.float64, device=z.device)
+    # Golden section, every position at once: each iteration keeps one interior point and its
+    # value, and evaluates one new point per position (one [N, G] evaluation).
     x1 = hi - _PHI * (hi - lo)
     x2 = lo + _PHI * (hi - lo)
     f1, f2 = nll(x1), nll(x2)
     for _ in range(_ITERS):
-        left = f1 <= f2  # the minimum is in [lo, x2]: drop (x2, hi]
+        left = f1 <= f2  # the minimum is in [lo, x2]: drop (x2, hi]; else drop [lo, x1)
         hi = torch.where(left, x2, hi)
         lo = torch.where(left, lo, x1)
-        new_x1 = torch.where(left, hi - _PHI * (hi - lo), x2)
-        new_x2 = torch.where(left, x1, lo + _PHI * (hi - lo))
-        x1, x2 = new_x1, new_x2
-        # Reusing the kept point's value would save an evaluation per side, but the two sides
-        # differ per position; evaluating both keeps the loop branch-free.
-        f1, f2 = nll(x1), nll(x2)
+        new = torch.where(left, hi - _PHI * (hi - lo), lo + _PHI * (hi - lo))
+        f_new = nll(new)
+        # Left: the old x1 becomes x2 and the new point x1; right: the old x2 becomes x1.
+        x1, x2 = torch.where(left, new, x2), torch.where(left, x1, new)
+        f1, f2 = torch.where(left, f_new, f2), torch.where(left, f1, f_new)
     t = ((lo + hi) / 2).exp().clamp(lo_t, hi_t)
     seen = mask.sum(0) > 0
     return torch.where(seen, t, torch.ones_like(t)).float()
