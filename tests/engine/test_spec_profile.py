@@ -49,6 +49,10 @@ def test_interpolation_and_extrapolation():
         [1.0, 1.5, 2.0, 4.0, 8.0]
     )
     assert "StepsPerSecond(1: 1e+03 ms" in repr(several)
+    # A tail pooled flat by the monotone fit extrapolates with the mean slope, not for free.
+    pooled = StepsPerSecond([(1, 1.0), (5, 3.0), (9, 3.1), (10, 2.9)])
+    assert pooled.seconds[-2:] == pytest.approx((3.0, 3.0))
+    assert pooled.seconds_at(19) == pytest.approx(3.0 + 2.0 / 9 * 9)
 
 
 def test_checks():

@@ -9,8 +9,8 @@ token), so between two samples of an affine machine the interpolation is exact.
 
 Outside the samples: below the smallest size, the smallest size's time (a smaller step is no
 slower, and how much faster is unknown: the conservative choice); beyond the largest, the last
-segment's slope carried on (step time keeps growing; a single sample gives a flat curve, so
-profile at least two sizes).
+segment's slope carried on, or the whole curve's mean slope where that is steeper (step time
+keeps growing; a single sample gives a flat curve, so profile at least two sizes).
 """
 
 from __future__ import annotations
@@ -58,8 +58,11 @@ class StepsPerSecond:
         if tokens >= xs[-1]:
             if len(xs) == 1:
                 return ys[0]
-            slope = (ys[-1] - ys[-2]) / (xs[-1] - xs[-2])
-            return ys[-1] + slope * (tokens - xs[-1])
+            # The last segment's slope, or the curve's mean slope where that is steeper: a
+            # tail the monotone fit pooled flat must not make the tokens past it free.
+            last = (ys[-1] - ys[-2]) / (xs[-1] - xs[-2])
+            mean = (ys[-1] - ys[0]) / (xs[-1] - xs[0])
+            return ys[-1] + max(last, mean) * (tokens - xs[-1])
         lo, hi = 0, len(xs) - 1
         while hi - lo > 1:  # the segment [xs[lo], xs[hi]] holding tokens
             mid = (lo + hi) // 2
