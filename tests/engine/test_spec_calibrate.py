@@ -107,6 +107,7 @@ def test_survival_is_the_running_product():
     c = apply_temperatures(z, temps)
     want = torch.sigmoid(z / temps[:3])
     torch.testing.assert_close(c, want)
+    torch.testing.assert_close(apply_temperatures(z, temps.tolist()), want)  # a config's list
     torch.testing.assert_close(cumulative(c), torch.stack([want[:, 0], want[:, 0] * want[:, 1],
                                                             want.prod(1)], 1))  # fmt: skip
     # The drafter's own survival (model.dspark, temperatures from its config) agrees.

@@ -21,6 +21,7 @@ conditionally independent as the head assumes.)
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import torch
 
@@ -90,9 +91,12 @@ def fit_temperatures(
     return torch.where(seen, t, torch.ones_like(t)).float()
 
 
-def apply_temperatures(conf_logits: torch.Tensor, temps: torch.Tensor) -> torch.Tensor:
+def apply_temperatures(
+    conf_logits: torch.Tensor, temps: torch.Tensor | Sequence[float]
+) -> torch.Tensor:
     """Calibrated per-position probabilities sigmoid(z / T) over the last axis [..., G];
-    temps may be longer than G (a block size larger than the draft: its first G are used)."""
+    temps (a tensor, or a list such as ModelConfig.dspark.confidence_temperatures) may be
+    longer than G (a block size larger than the draft: its first G are used)."""
     g = conf_logits.shape[-1]
     t = torch.as_tensor(temps, dtype=torch.float64, device=conf_logits.device).flatten()
     if t.numel() < g:
