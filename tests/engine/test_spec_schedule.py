@@ -194,3 +194,105 @@ def test_with_the_packages_own_curve_and_survival():
     assert throughput(survival.numpy(), got, sps) == pytest.approx(theta)
     assert got == best
     assert 0 < sum(got) < 20  # neither nothing nor everything: the trade is real here
+
+
+def _first_pairs(chooser, trials: int, seed: int):
+    """The first two tokens after the anchor of `trials` speculative generations of a toy
+    target P and drafter Q (Markov chains over 4 tokens), where the drafter's survival depends
+    on its own drafts as DSpark's does: a_1 = 0.9, and each later factor is 0.95 after a draft
+    of token 0 and 0.05 after any other. chooser(survival row) -> how many drafts to verify.
+    Returns the lengths the first step chose and the chi-square p-values of the first token
+    and of the pair against the target."""
+    import torch
+    from deepring.spec.accept import accept_sampled
+
+    p_chain = torch.tensor(
+        [
+            [0.4, 0.3, 0.2, 0.1],
+            [0.25, 0.25, 0.25, 0.25],
+            [0.1, 0.2, 0.3, 0.4],
+            [0.7, 0.1, 0.1, 0.1],
+        ],
+        dtype=torch.float64,
+    )
+    q_chain = torch.tensor(
+        [[0.1, 0.5, 0.2, 0.2], [0.6, 0.2, 0.1, 0.1], [0.3, 0.3, 0.3, 0.1], [0.2, 0.2, 0.2, 0.4]],
+        dtype=torch.float64,
+    )
+    gen = torch.Generator().manual_seed(seed)
+    g, anchor = 3, 1
+    out: list[list[int]] = [[] for _ in range(trials)]
+    rows = list(range(trials))
+    first_lengths = None
+    memo: dict = {}
+    while rows:
+        prev = torch.tensor([out[r][-1] if out[r] else anchor for r in rows])
+        drafts, p, q = [], [], []
+        for _ in range(g):
+            p.append(p_chain[prev])
+            q.append(q_chain[prev])
+            prev = torch.multinomial(q_chain[prev], 1, generator=gen).squeeze(1)
+            drafts.append(prev)
+        p.append(p_chain[prev])
+        d = torch.stack(drafts, 1)
+        factor = torch.where(d[:, :-1] == 0, 0.95, 0.05).double()
+        head = torch.full((len(rows), 1), 0.9, dtype=torch.float64)
+        survival = torch.cat([head, factor], 1).cumprod(1)
+        lengths = torch.tensor(
+            [memo.setdefault(tuple(a), chooser(list(a))) for a in survival.tolist()]
+        )
+        if first_lengths is None:
+            first_lengths = lengths
+        n, nxt = accept_sampled(
+            d, lengths, torch.stack(q, 1), torch.stack(p, 1),
+            torch.rand(len(rows), g, generator=gen, dtype=torch.float64),
+            torch.rand(len(rows), generator=gen, dtype=torch.float64),
+        )  # fmt: skip
+        for i, (r, k, t) in enumerate(zip(rows, n.tolist(), nxt.tolist(), strict=True)):
+            out[r].extend([*d[i, :k].tolist(), t])  # emitted: d[:n] + [next]
+        rows = [r for r in rows if len(out[r]) < 2]
+    pairs = torch.tensor([o[:2] for o in out])
+    first = torch.bincount(pairs[:, 0], minlength=4)
+    joint = torch.bincount(pairs[:, 0] * 4 + pairs[:, 1], minlength=16)
+    want_pair = (p_chain[anchor][:, None] * p_chain).flatten()
+    return (
+        first_lengths,
+        _pvalue(first, trials * p_chain[anchor]),
+        _pvalue(joint, trials * want_pair),
+    )
+
+
+def _pvalue(observed, expected) -> float:
+    import torch
+
+    stat = ((observed.double() - expected) ** 2 / expected).sum()
+    dof = torch.tensor((observed.numel() - 1) / 2, dtype=torch.float64)
+    return float(torch.special.gammaincc(dof, stat / 2))
+
+
+def test_the_early_break_keeps_sampling_lossless():
+    """The end-to-end reason for the early break. With a step time where one draft is a loss
+    and three a gain (test_the_early_break's), an exhaustive search verifies draft 1 only when
+    the later survival, which follows from draft 1 itself, is high: only when draft 1 is token
+    0. Token 0 then comes out more often than the target says: the drafter proposes it with
+    probability 0.6, the test passes it with 0.25 / 0.6, and the other 0.4 are plain draws
+    that give it 0.25, so 0.25 + 0.4 x 0.25 = 0.35 against the target's 0.25; the chi-square
+    test rejects it outright. Algorithm 1 with the same
+    inputs, on an affine step time where its lengths do vary with the drafts (1, 2 or 3: whether
+    draft 2 is verified follows from draft 1), is exactly the target, first token and pair."""
+    times = {1: 1.0, 2: 2.5, 3: 2.5, 4: 2.5}
+    jump = lambda b: 1.0 / times[b]  # noqa: E731
+    trials = 20_000
+    lengths, first, _ = _first_pairs(lambda a: brute_force_schedule([a], jump, 3)[0][0], trials, 1)
+    assert set(lengths.tolist()) == {0, 3}
+    assert first < 1e-12
+    affine = lambda b: 1.0 / (1.0 + 0.5 * (b - 1))  # noqa: E731
+    lengths, first, pair = _first_pairs(lambda a: schedule([a], affine, 3)[0], trials, 2)
+    assert set(lengths.tolist()) == {1, 2, 3}
+    assert first > 1e-4
+    assert pair > 1e-4
+    # The pair test sees anticipation at the second draft too: verifying draft 2 only when a_3
+    # (a function of draft 2) is high biases the second token.
+    _, first, pair = _first_pairs(lambda a: 3 if a[2] > 0.5 else 1, trials, 2)
+    assert first > 1e-4
+    assert pair < 1e-8
