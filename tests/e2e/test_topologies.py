@@ -42,11 +42,6 @@ def test_two_workers_per_role_over_tcp(start_server):
         "tcp",
         "--max-num-seqs",
         "4",
-        # The zero-cost model's steps take no time, so the cost router's predictions are
-        # noise there (a worker whose fit caught a slow first step gets nothing): the spread
-        # over every worker is the token router's promise.
-        "--router",
-        "tokens",
     )
     roles = sorted(w["worker"] for w in s.health()["workers"])
     assert roles == ["decode-0", "decode-1", "prefill-0", "prefill-1"]

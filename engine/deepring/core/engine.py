@@ -26,7 +26,7 @@ from deepring.core.prefix import PrefixCache, PrefixConfig, Store
 from deepring.core.request import Request, Status
 from deepring.core.runner import Runner
 from deepring.core.scheduler import Scheduler, SchedulerConfig
-from deepring.cost.model import OnlineFit, StepCost, StepShape
+from deepring.cost.model import WARMUP_STEPS, OnlineFit, StepCost, StepShape
 from deepring.cost.pacer import Pacer, PacerConfig
 from deepring.cost.presets import TINY_CPU
 from deepring.sampling.params import SamplingParams, TokenLogprob
@@ -84,7 +84,7 @@ class EngineCore:
         # Every step is timed and fitted (cost.model): the pacer predicts with it, and the load
         # report carries it to the routers.
         self.clock = clock
-        self.cost = OnlineFit(cost_prior)
+        self.cost = OnlineFit(cost_prior, warmup=WARMUP_STEPS)
         self.last_step: tuple[StepShape, float] | None = None
         if pacing is not None:
             self.scheduler.pacer = Pacer(pacing, lambda: self.cost.model, clock)

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from deepring.config import ROLES, ROUTERS
-from deepring.cost.model import StepCost
+from deepring.cost.model import WARMUP_STEPS, StepCost
 from deepring.cost.presets import TINY_CPU
 from deepring.ipc.messages import Health, Stats
 from deepring.routing.balance import CostRouter
@@ -120,7 +120,11 @@ class WorkerRegistry:
         """A load report from w (checked by ipc.validate: its step cost parses)."""
         w.stats = msg
         w.stats_at = self.clock()
-        w.load.cost = StepCost.from_wire(msg.step_cost)
+        # Before its first measured steps a worker reports its prior: no measurement, and the
+        # routers assume it runs like its measured peers (routing.balance) rather than as the
+        # prior says (a worker judged slow on no evidence would get nothing to be measured on).
+        measured = msg.steps > WARMUP_STEPS
+        w.load.cost = StepCost.from_wire(msg.step_cost) if measured else None
         if w.role == "decode":
             w.load.reported = Reported(
                 msg.running + msg.waiting, msg.context_tokens, msg.used_blocks
