@@ -231,6 +231,7 @@ def run_worker(config: WorkerConfig, loaded=None) -> int:
     from deepring.worker.roles import DecodeRole, PrefillRole
 
     built = build_engine(config.engine, loaded=loaded)
+    built.engine.prepare_grammars()  # ready before the first constrained request arrives
     gen = random.SystemRandom().getrandbits(62) + 1
     link = WorkerLink(config, gen)
     role_cls = PrefillRole if config.role == "prefill" else DecodeRole
