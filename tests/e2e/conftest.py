@@ -46,6 +46,8 @@ SHARED_ARGS = (
     "1024",
     "--max-body-bytes",
     "262144",
+    "--devices",  # (every worker on the CPU, placed by the per-worker list)
+    "cpu",
 )
 
 

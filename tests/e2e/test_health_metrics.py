@@ -12,6 +12,7 @@ def test_health_lists_ready_workers(server):
     roles = sorted(w["role"] for w in h["workers"])
     assert roles == ["decode", "prefill"]
     assert all(w["up"] == 1 and w["pid"] > 0 for w in h["workers"])
+    assert [w["device"] for w in h["workers"]] == ["cpu", "cpu"]  # --devices cpu
 
 
 def test_metrics_after_requests(server, openai_client):

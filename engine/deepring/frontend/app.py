@@ -284,6 +284,7 @@ class App:
                     "worker": w.id,
                     "role": w.role,
                     "pid": w.pid,
+                    "device": w.info.get("device"),
                     "up": 1 if w.load.ready else 0,
                     "queue_length": s.waiting if s else 0,
                     "running_requests": s.running if s else 0,

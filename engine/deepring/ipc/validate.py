@@ -100,6 +100,7 @@ _READY_INFO = {
 # Facts a `ready` may carry (checked when present).
 _READY_OPTIONAL = {
     "max_num_batched_tokens": lambda v: _is_int(v, 1, 2**31),
+    "device": lambda v: _is_text(v, 64),
 }
 
 

@@ -57,7 +57,15 @@ def engine_info(config: WorkerConfig, built: BuiltEngine) -> dict:
         "block_size": eng.block_size,
         "max_num_batched_tokens": eng.scheduler.config.max_num_batched_tokens,
         "tokenizer": str(tok) if tok is not None else None,
+        "device": _device_of(built),
     }
+
+
+def _device_of(built: BuiltEngine) -> str:
+    pool = built.engine.pool
+    if pool is not None:
+        return str(pool.device)
+    return "none (zero-cost)" if built.model is None else str(built.model.device)
 
 
 # What each socket takes; anything else is dropped and counted. The handoff socket is open to
