@@ -37,6 +37,7 @@ class WorkerState:
     # Prefill: the predicted seconds of each request sent to it and not prefilled yet, and
     # when it was sent (work sent after its last report is not in that report's backlog).
     booked: dict[int, tuple[float, float]] = field(default_factory=dict)
+    leaving: bool = False  # it said it is draining: no new requests, it finishes its own
 
 
 class WorkerRegistry:
@@ -83,7 +84,21 @@ class WorkerRegistry:
         w = WorkerState(wid, role, msg.gen, msg.pid, info, self.clock(), load, route=route)
         self.workers[wid] = w
         self.seen_pids.add(msg.pid)
+        # A worker that joins beyond the expected count (a role command started at run time)
+        # is expected from now on: losing it later is a fault.
+        ready = len(self.ready_workers(role))
+        self.expect[role] = max(self.expect[role], ready)
         return w
+
+    def leave(self, w: WorkerState) -> None:
+        """w drains to leave (SIGTERM): the routers pass it over from now on, and its role
+        expects one worker less (never fewer than one), so that a planned departure does not
+        read as a fault."""
+        if w.leaving:
+            return
+        w.leaving = True
+        w.load.ready = False
+        self.expect[w.role] = max(1, self.expect[w.role] - 1)
 
     def remove(self, wid: str) -> WorkerState | None:
         return self.workers.pop(wid, None)
