@@ -44,6 +44,13 @@ def _add_engine_args(p: argparse.ArgumentParser, max_num_seqs: int = 64) -> None
     )
     g.add_argument("--device", default=None, help="cpu | cuda[:N] (default: cuda when available)")
     g.add_argument("--dtype", default=None, help="float32 | bfloat16 | float16 (default: auto)")
+    g.add_argument(
+        "--trace-dir",
+        default=None,
+        metavar="DIR",
+        help="each worker writes its step timeline to DIR/<worker>.trace.json (a Chrome trace: "
+        "Perfetto, chrome://tracing)",
+    )
     g.add_argument("--load-format", default="auto", choices=["auto", "dummy"])
     g.add_argument("--max-model-len", type=int, default=4096)
     g.add_argument(
@@ -434,6 +441,7 @@ def _serve(args: argparse.Namespace) -> int:
                 "parent_pid": os.getpid(),
                 "heartbeat_interval": fe.heartbeat_interval,
                 "heartbeat_timeout": fe.heartbeat_timeout,
+                "trace_dir": args.trace_dir,
                 **security,
             }
             devices = worker_devices(args.devices, args.device, args.num_prefill + args.num_decode)
@@ -501,6 +509,7 @@ def _worker(args: argparse.Namespace) -> int:
             handoff_addr=getattr(args, "handoff_addr", None),
             heartbeat_interval=env.heartbeat_interval(),
             heartbeat_timeout=env.heartbeat_timeout(),
+            trace_dir=args.trace_dir,
             **cli_security.ring_settings(
                 args, [*frontends, handoff_bind], args.command, create=False
             ),

@@ -26,7 +26,8 @@ class _Clock:
 def _stats(wid: str, model: StepCost, **kw) -> Stats:
     base = dict(
         waiting=0, running=0, free_slots=64, num_slots=64, used_blocks=0, num_blocks=4000,
-        queued_tokens=0, steps=10, step_seconds=0.1, generated=0, preemptions=0, prefix_cache={},
+        queued_tokens=0, steps=10, step_seconds=0.1, compute_seconds=0.05,
+        busy_seconds=0.2, generated=0, preemptions=0, prefix_cache={},
         dropped={}, step_cost=model.to_wire(), backlog_s=0.0, lag_s=0.0, context_tokens=0,
     )  # fmt: skip
     return Stats(worker=wid, gen=1, **{**base, **kw})

@@ -78,6 +78,11 @@ class EngineCore:
         self.num_steps = 0
         self.num_generated = 0
         self.step_seconds = 0.0  # total wall time inside step()
+        # Of that, inside the runner (the model and the sampler: the device's share of a
+        # step; the rest is scheduling and bookkeeping on the CPU), and the last step's phases
+        # (start, runner start, runner end, end) on `clock` (worker.timeline).
+        self.compute_seconds = 0.0
+        self.last_phases: tuple[float, float, float, float] | None = None
         self.prefix: PrefixCache | None = None
         # Structured output: the tokenizer.json constrained requests compile against (set by
         # build_engine), and the compiler, made on the first constrained request or ahead of it
@@ -334,7 +339,10 @@ class EngineCore:
             return []
         self.num_steps += 1
         shape = StepShape.of((s.num_tokens, s.request.num_cached) for s in scheduled)
+        t1 = self.clock()
         tokens = self.runner.step(scheduled)
+        t2 = self.clock()
+        self.compute_seconds += t2 - t1
         if self.prefix is not None:
             self.prefix.after_step([s.request for s in scheduled])
         results = []
@@ -357,7 +365,9 @@ class EngineCore:
                     self.finish(req, reason)
                     done = True
             results.append(StepResult(req, tok, done, lp))
-        took = self.clock() - t0
+        t3 = self.clock()
+        took = t3 - t0
+        self.last_phases = (t0, t1, t2, t3)
         self.step_seconds += took
         self.cost.observe(shape, took)
         self.last_step = (shape, took)
@@ -392,6 +402,7 @@ class EngineCore:
             "queued_tokens": sum(r.pending for r in (*s.waiting, *s.running) if r.pending > 1),
             "steps": self.num_steps,
             "step_seconds": self.step_seconds,
+            "compute_seconds": self.compute_seconds,
             "generated": self.num_generated,
             "preemptions": s.num_preemptions,
             "prefix_cache": self.prefix.report() if self.prefix is not None else {},
