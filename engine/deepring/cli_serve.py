@@ -45,6 +45,12 @@ def _add_engine_args(p: argparse.ArgumentParser, max_num_seqs: int = 64) -> None
     g.add_argument("--device", default=None, help="cpu | cuda[:N] (default: cuda when available)")
     g.add_argument("--dtype", default=None, help="float32 | bfloat16 | float16 (default: auto)")
     g.add_argument(
+        "--no-overlap",
+        action="store_true",
+        help="run each worker's steps on its loop thread, in sequence with the ring's I/O "
+        "(default: the step on its own thread, overlapped with sending and receiving)",
+    )
+    g.add_argument(
         "--trace-dir",
         default=None,
         metavar="DIR",
@@ -442,6 +448,7 @@ def _serve(args: argparse.Namespace) -> int:
                 "heartbeat_interval": fe.heartbeat_interval,
                 "heartbeat_timeout": fe.heartbeat_timeout,
                 "trace_dir": args.trace_dir,
+                "overlap": not args.no_overlap,
                 **security,
             }
             devices = worker_devices(args.devices, args.device, args.num_prefill + args.num_decode)
@@ -510,6 +517,7 @@ def _worker(args: argparse.Namespace) -> int:
             heartbeat_interval=env.heartbeat_interval(),
             heartbeat_timeout=env.heartbeat_timeout(),
             trace_dir=args.trace_dir,
+            overlap=not args.no_overlap,
             **cli_security.ring_settings(
                 args, [*frontends, handoff_bind], args.command, create=False
             ),

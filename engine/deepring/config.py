@@ -212,6 +212,9 @@ class WorkerConfig:
     ring_keys: str | None = None  # CURVE key directory for tcp:// endpoints (ipc.ring_keys)
     insecure_ring: bool = False  # tcp:// without CURVE (a trusted network only)
     trace_dir: str | None = None  # the step timeline goes to <trace_dir>/<worker id>.trace.json
+    # The step runs on its own thread while the loop sends the previous step's outputs and
+    # takes the ring's messages (worker.process); False: one thread, in sequence.
+    overlap: bool = True
 
     def __post_init__(self) -> None:
         if self.role not in ROLES:

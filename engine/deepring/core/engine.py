@@ -83,6 +83,9 @@ class EngineCore:
         # (start, runner start, runner end, end) on `clock` (worker.timeline).
         self.compute_seconds = 0.0
         self.last_phases: tuple[float, float, float, float] | None = None
+        # Called as each step's runner starts (the overlapped worker loop sends its previous
+        # outputs from then on, once the step holds no Python work the sends would delay).
+        self.on_compute: Callable[[], None] | None = None
         self.prefix: PrefixCache | None = None
         # Structured output: the tokenizer.json constrained requests compile against (set by
         # build_engine), and the compiler, made on the first constrained request or ahead of it
@@ -339,6 +342,8 @@ class EngineCore:
             return []
         self.num_steps += 1
         shape = StepShape.of((s.num_tokens, s.request.num_cached) for s in scheduled)
+        if self.on_compute is not None:
+            self.on_compute()
         t1 = self.clock()
         tokens = self.runner.step(scheduled)
         t2 = self.clock()

@@ -14,11 +14,15 @@ for the frontend that spawns it.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import random
 import signal
+import sys
+import threading
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -233,6 +237,10 @@ def run_spare(config: WorkerConfig, conn, name: str) -> int:
         return run_worker(role, loaded if same else None)
 
 
+SWITCH_INTERVAL_S = 0.0002  # the GIL's hand-over period with the overlapped loop
+COMPUTE_WAIT_S = 0.05  # bound on waiting for a step to reach its compute before sending
+
+
 def trace_file(config: WorkerConfig) -> Path | None:
     """Where this worker writes its step timeline (None: it writes none)."""
     if config.trace_dir is None:
@@ -283,7 +291,7 @@ def run_worker(config: WorkerConfig, loaded=None) -> int:
             gen=gen,
             dropped=dict(link.drops.counts),
             lag_s=max(0.0, time.monotonic() - polled_at),
-            busy_seconds=busy_s,
+            busy_seconds=busy[0] + (eng.clock() - busy[1] if busy[1] is not None else 0.0),
             **role.load(),
         )
         for i in links:
@@ -314,13 +322,56 @@ def run_worker(config: WorkerConfig, loaded=None) -> int:
     drain_until: float | None = None
     eng = built.engine
     timeline = Timeline(trace_file(config), config.worker_id, clock=eng.clock)
-    busy_s = 0.0  # wall time of the iterations that ran a step (Stats.busy_seconds)
+    # Wall time the worker has been busy (Stats.busy_seconds): from a step's start until the
+    # loop has nothing in flight and nothing to do; idle waits for messages are not counted.
+    busy = [0.0, None]  # [closed periods, start of the open one]
+    # The overlapped loop (config.overlap): the step runs on its own thread while this one
+    # sends the previous step's outputs and takes the ring's messages; everything that reads
+    # or changes the engine happens between two steps, here.
+    stepper = ThreadPoolExecutor(1, thread_name_prefix="step") if config.overlap else None
+    computing = threading.Event()  # the in-flight step reached its compute
+    if stepper is not None:
+        role.outbox = []
+        # Two threads share the GIL: at the default 5 ms switch interval a step waiting for
+        # it behind the loop's sends would lose most of what the overlap gains.
+        sys.setswitchinterval(SWITCH_INTERVAL_S)
+        eng.on_compute = computing.set
+
+    def run_step() -> None:
+        try:
+            role.step()
+        finally:
+            computing.set()  # (a step that only admitted has no compute to wait for)
+
+    inflight: tuple[Future, float, int] | None = None  # (the step, its start, steps before it)
+
+    def stepped(steps_before: int, thread: str) -> bool:
+        if eng.num_steps == steps_before:
+            return False  # only admissions
+        shape = eng.last_step[0] if eng.last_step else None
+        args = {"tokens": shape.tokens, "seqs": shape.seqs} if shape else {}
+        timeline.step(eng.last_phases, args, thread)
+        return True
+
+    def send(box: list) -> None:
+        if box:
+            with timeline.span("send", {"n": len(box)}):
+                for i, msg in box:
+                    link.to_frontend(msg, i)
+
     try:
         while True:
-            began = eng.clock()
-            timeout = 0.0 if role.busy else max(0.0, next_beat - time.monotonic())
+            waited = inflight is None and not role.busy
+            timeout = max(0.0, next_beat - time.monotonic()) if waited else 0.0
             with timeline.span("poll"):
                 msgs, heard = link.poll(timeout)
+            ran = False
+            if inflight is not None:
+                fut, launched, before = inflight
+                inflight = None
+                fut.result()  # (the step's exception, if any, ends the worker as before)
+                timeline.add("step", launched, eng.clock(), thread="step")
+                ran = stepped(before, "step")
             now = polled_at = time.monotonic()
             handled = eng.clock()
             for i in heard:
@@ -352,15 +403,14 @@ def run_worker(config: WorkerConfig, loaded=None) -> int:
                     role.handle(msg, max(i, 0))
             if msgs:
                 timeline.add("messages", handled, eng.clock(), {"n": len(msgs)})
-            if role.busy:
-                steps = eng.num_steps
+            if stepper is None and role.busy:
+                before = eng.num_steps
+                if busy[1] is None:
+                    busy[1] = eng.clock()
                 with timeline.span("step"):
                     role.step()
-                if eng.num_steps != steps:  # the engine stepped (not only admissions)
-                    shape = eng.last_step[0] if eng.last_step else None
-                    args = {"tokens": shape.tokens, "seqs": shape.seqs} if shape else {}
-                    timeline.step(eng.last_phases, args)
-                    busy_s += eng.clock() - began
+                ran = stepped(before, "loop")
+            if ran:
                 now = time.monotonic()
                 # The step that empties the worker reports at once: a router reading the last
                 # busy report would wait on work that is done until the next heartbeat.
@@ -389,11 +439,29 @@ def run_worker(config: WorkerConfig, loaded=None) -> int:
                 role.draining = True
                 drain_until = now + env.drain_timeout()
             if drain_until is not None and (not role.busy or now >= drain_until):
+                send(role.take_outbox())
                 log.info("drained; exiting")
                 for i in links:
                     health("exiting", i)
                 return 0
+            box = role.take_outbox()
+            if stepper is not None and role.busy:
+                computing.clear()
+                inflight = (stepper.submit(run_step), eng.clock(), eng.num_steps)
+                if busy[1] is None:
+                    busy[1] = inflight[1]
+                # The step's scheduling is Python work: the sends would hold the GIL it needs.
+                computing.wait(COMPUTE_WAIT_S)
+            send(box)  # the previous step's outputs, while the next one computes
+            if busy[1] is not None and inflight is None and not role.busy:
+                busy[0] += eng.clock() - busy[1]
+                busy[1] = None
     finally:
+        if inflight is not None:  # an exception between launch and join: let the step end
+            with contextlib.suppress(Exception):
+                inflight[0].result(timeout=60)
+        if stepper is not None:
+            stepper.shutdown(wait=True)
         timeline.close()
         link.close()
         role.engine.close()  # the prefix cache's queued store writes land before exit

@@ -155,6 +155,10 @@ class Role:
         # The incarnation (Health gen) last heard from each frontend link.
         self.frontend_gens: dict[int, int] = {}
         self.num_links = 1  # how many frontends this worker serves (worker.process sets it)
+        # Outputs waiting to be sent (None: sent at once). The overlapped loop defers them, so
+        # that a step running on the step thread never touches the frontends' sockets, which
+        # the loop thread owns (a ZeroMQ socket is not thread-safe).
+        self.outbox: list[tuple[int, Tokens]] | None = None
 
     @property
     def busy(self) -> bool:
@@ -190,7 +194,18 @@ class Role:
 
     def _send(self, out: TokensOut) -> None:
         for link, msg in out.messages():
-            self.link.to_frontend(msg, link)
+            if self.outbox is not None:
+                self.outbox.append((link, msg))
+            else:
+                self.link.to_frontend(msg, link)
+
+    def take_outbox(self) -> list[tuple[int, Tokens]]:
+        """The messages deferred so far (an overlapped loop sends them while the next step
+        runs); a fresh outbox collects the next ones."""
+        box = self.outbox or []
+        if self.outbox is not None:
+            self.outbox = []
+        return box
 
     def _reject(self, link: int, rid: int, message: str) -> None:
         """An error for request `rid` of frontend `link`, which this worker does not hold."""

@@ -16,7 +16,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -43,7 +42,7 @@ class Timeline:
         self.max_events = max_events
         self.events = 0
         self._pid = os.getpid()
-        self._tid = threading.get_ident() % 2**31
+        self._tids: dict[str, int] = {}  # trace thread per name: "loop", "step" (overlapped)
         self._t0 = clock()
         self._flushed_at = self._t0
         self._file: IO[str] | None = None
@@ -51,16 +50,23 @@ class Timeline:
             path.parent.mkdir(parents=True, exist_ok=True)
             self._file = open(path, "w", encoding="utf-8")  # noqa: SIM115 (closed in close())
             self._file.write("[\n")
-            self._meta("process_name", {"name": worker})
-            self._meta("thread_name", {"name": "loop"})
+            self._meta("process_name", {"name": worker}, 0)
+            self._tid("loop")
 
     @property
     def on(self) -> bool:
         return self._file is not None
 
-    def _meta(self, name: str, args: dict) -> None:
-        ev = {"name": name, "ph": "M", "pid": self._pid, "tid": self._tid, "args": args}
+    def _meta(self, name: str, args: dict, tid: int) -> None:
+        ev = {"name": name, "ph": "M", "pid": self._pid, "tid": tid, "args": args}
         self._write(ev)
+
+    def _tid(self, thread: str) -> int:
+        tid = self._tids.get(thread)
+        if tid is None:
+            tid = self._tids[thread] = len(self._tids) + 1
+            self._meta("thread_name", {"name": thread}, tid)
+        return tid
 
     def _write(self, event: dict) -> None:
         f = self._file
@@ -77,8 +83,10 @@ class Timeline:
             f.flush()
             self._flushed_at = now
 
-    def add(self, name: str, start: float, end: float, args: dict | None = None) -> None:
-        """A span from `start` to `end` (seconds on `clock`)."""
+    def add(
+        self, name: str, start: float, end: float, args: dict | None = None, thread: str = "loop"
+    ) -> None:
+        """A span from `start` to `end` (seconds on `clock`) on `thread`'s track."""
         if self._file is None:
             return
         ev = {
@@ -87,7 +95,7 @@ class Timeline:
             "ts": round((start - self._t0) * 1e6, 1),
             "dur": round(max(0.0, end - start) * 1e6, 1),
             "pid": self._pid,
-            "tid": self._tid,
+            "tid": self._tid(thread),
         }
         if args:
             ev["args"] = args
@@ -104,20 +112,22 @@ class Timeline:
         finally:
             self.add(name, start, self.clock(), args)
 
-    def step(self, phases: tuple[float, float, float, float] | None, args: dict) -> None:
+    def step(
+        self, phases: tuple[float, float, float, float] | None, args: dict, thread: str = "loop"
+    ) -> None:
         """The engine's last step (EngineCore.last_phases) as schedule / compute / post."""
         if self._file is None or phases is None:
             return
         t0, t1, t2, t3 = phases
-        self.add("schedule", t0, t1)
-        self.add("compute", t1, t2, args)
-        self.add("post", t2, t3)
+        self.add("schedule", t0, t1, thread=thread)
+        self.add("compute", t1, t2, args, thread=thread)
+        self.add("post", t2, t3, thread=thread)
 
     def close(self) -> None:
         f = self._file
         if f is None:
             return
-        end = {"name": "end", "ph": "i", "s": "p", "pid": self._pid, "tid": self._tid,
+        end = {"name": "end", "ph": "i", "s": "p", "pid": self._pid, "tid": self._tid("loop"),
                "ts": round((self.clock() - self._t0) * 1e6, 1)}  # fmt: skip
         f.write(json.dumps(end, separators=(",", ":")) + "\n]\n")  # (no comma after the last)
         f.close()
