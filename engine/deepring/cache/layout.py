@@ -10,6 +10,11 @@ Per layer (V4):
   per `ratio` tokens, and a compressor tail: the projected rows of positions whose window is not
   complete yet. CSA windows overlap, so its tail holds 2 x ratio rows of twice the width;
 - a CSA layer also keeps the lightning indexer's paged keys (`index_head_dim`) and its tail.
+
+V4.1 (model.v41) adds CSA2, the kind of its KV-source layers: paged main-KV entries (ratio 2 or
+1, windows never overlap), paged indexer keys (projected from the main entries, so the indexer
+has no tail of its own) and, at ratio 2, a compressor tail of `ratio` rows. Its other layers are
+SLIDING here: they read a source's pages and keep only their own ring.
 """
 
 from __future__ import annotations
@@ -25,7 +30,8 @@ if TYPE_CHECKING:
 SLIDING = "sliding"
 CSA = "csa"
 HCA = "hca"
-KINDS = (SLIDING, CSA, HCA)
+CSA2 = "csa2"
+KINDS = (SLIDING, CSA, HCA, CSA2)
 
 
 def block_multiple(ratios: Iterable[int]) -> int:
@@ -49,7 +55,7 @@ class LayerLayout:
             raise ValueError(f"layer kind must be one of {KINDS}, got {self.kind!r}")
         if (self.kind == SLIDING) != (self.ratio == 0) or self.ratio < 0:
             raise ValueError(f"a {self.kind} layer cannot have compress ratio {self.ratio}")
-        if self.head_dim < 1 or (self.kind == CSA) != (self.index_head_dim > 0):
+        if self.head_dim < 1 or (self.kind in (CSA, CSA2)) != (self.index_head_dim > 0):
             raise ValueError(f"bad widths for a {self.kind} layer")
 
     @property
@@ -72,6 +78,16 @@ class LayerLayout:
     @property
     def index_tail_width(self) -> int:
         return 2 * self.index_head_dim
+
+    @property
+    def has_tail(self) -> bool:
+        """Whether positions can wait for their window (a ratio-1 CSA2 layer never waits)."""
+        return self.compressed and not (self.kind == CSA2 and self.ratio == 1)
+
+    @property
+    def has_index_tail(self) -> bool:
+        """V4's indexer has a compressor of its own; CSA2's keys come from the main entries."""
+        return self.kind == CSA
 
 
 @dataclass(frozen=True)

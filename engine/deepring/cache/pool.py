@@ -93,13 +93,15 @@ class KVCachePool:
                 ring=ring,
                 ratio=lay.ratio,
                 comp=self._zeros(cache.num_blocks, epb, lay.head_dim),
-                tail_kv=self._zeros(*tail),
-                tail_gate=self._zeros(*tail),
+                tail_kv=self._zeros(*tail) if lay.has_tail else None,
+                tail_gate=self._zeros(*tail) if lay.has_tail else None,
             )
             if lay.overlap:
                 lc.edge_kv = self._zeros(cache.num_blocks, lay.ratio, lay.head_dim)
                 lc.edge_gate = self._zeros(cache.num_blocks, lay.ratio, lay.head_dim)
-            if lay.index_head_dim:
+            if lay.index_head_dim and not lay.has_index_tail:  # CSA2: keys only
+                lc.index = self._zeros(cache.num_blocks, epb, lay.index_head_dim)
+            elif lay.index_head_dim:
                 lc.index_edge_kv = self._zeros(cache.num_blocks, lay.ratio, lay.index_head_dim)
                 lc.index_edge_gate = self._zeros(cache.num_blocks, lay.ratio, lay.index_head_dim)
                 index_tail = (cache.num_slots, lay.tail_len, lay.index_tail_width)
