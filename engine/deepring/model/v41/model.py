@@ -1,0 +1,156 @@
+"""The DeepSeek V4.1 causal LM over the serving caches (same step interface as DeepseekV4).
+
+Parameter names are the official checkpoint's (`layers.N.attn.wq_a.weight`, `embed.weight`,
+`head.weight`, `layers.N.ffn.experts.E.w1.weight`, `mtp.N.main_proj.weight`, ...), so an export
+in that naming loads name for name (model.v41.weights).
+
+DSpark: the drafter's stages (`mtp.0..`: sliding-window blocks with their own smaller MoE; the
+first owns `main_proj` / `main_norm`, the last the output `norm`, `markov_head` and
+`confidence_head`) are built and loaded so the speculative-decoding work has them; this engine
+does not draft with them yet and allocates them no cache.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from deepring.cache.pool import KVCachePool
+from deepring.kernels.greedy_head import GreedyArgmax
+from deepring.kernels.hyper import collapse
+from deepring.model.batch import ForwardBatch
+from deepring.model.model import StepOutput
+from deepring.model.norm import RMSNorm, linear
+from deepring.model.rope import RopeTables
+from deepring.model.v41.attention import StepShare, V41Attention
+from deepring.model.v41.config import V41Config
+from deepring.model.v41.kvquant import KVCodec
+from deepring.model.v41.layer import V41Block, V41MoE
+
+
+class MarkovHead(nn.Module):
+    def __init__(self, vocab: int, rank: int) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(vocab, rank)  # the previous token -> rank
+        self.head = nn.Embedding(vocab, rank)  # rank -> vocab bias (weight [vocab, rank])
+
+
+class DSparkStage(V41Block):
+    def __init__(self, config: V41Config, index: int) -> None:
+        c, ds = config, config.dspark
+        layer = c.num_hidden_layers + index
+        super().__init__(
+            c,
+            layer,
+            attn=V41Attention(c, layer, window_only=True),
+            moe=V41MoE(c, ds.n_routed_experts, ds.num_experts_per_tok),
+        )
+        d = c.hidden_size
+        if index == 0:
+            self.main_proj = linear(len(ds.target_layer_ids) * d, d)
+            self.main_norm = RMSNorm(d, c.rms_norm_eps)
+        if index == ds.num_stages - 1:
+            self.norm = RMSNorm(d, c.rms_norm_eps)
+            self.markov_head = MarkovHead(c.vocab_size, ds.markov_rank)
+            self.confidence_head = nn.Module()
+            self.confidence_head.proj = linear(d + ds.markov_rank, 1)
+
+
+class DeepseekV41(nn.Module):
+    def __init__(self, config: V41Config) -> None:
+        super().__init__()
+        if not config.hc_shifted:
+            raise ValueError("hc_shifted = false (an HC head) is not implemented for V4.1")
+        self.config = config
+        self.embed = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(V41Block(config, i) for i in range(config.num_hidden_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.head = linear(config.hidden_size, config.vocab_size)
+        stages = config.dspark.num_stages if config.dspark is not None else 0
+        self.mtp = nn.ModuleList(DSparkStage(config, i) for i in range(stages))
+        self.codec = KVCodec()
+        self._rope: RopeTables | None = None
+        self._greedy = GreedyArgmax()
+
+    # How many tokens before a chunk's start the forward reads (SeqChunk.context): Engram's
+    # longest n-gram reaches max_ngram_size - 1 tokens back.
+    @property
+    def token_context(self) -> int:
+        e = self.config.engram
+        return e.max_ngram_size - 1 if e is not None else 0
+
+    def rope_tables(self) -> RopeTables:
+        dev = self.head.weight.device
+        if self._rope is None or self._rope.main.device != dev:
+            self._rope = RopeTables(self.config, dev)
+        return self._rope
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.head.weight.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.head.weight.device
+
+    def logits(self, y: torch.Tensor) -> torch.Tensor:
+        """y: collapsed final hidden rows [R, D] (StepOutput.last)."""
+        return self.head(self.norm(y)).float()
+
+    def logits_for(self, y: torch.Tensor, token_ids: torch.Tensor) -> torch.Tensor:
+        w = self.head.weight.index_select(0, token_ids)
+        return torch.nn.functional.linear(self.norm(y), w).float()
+
+    def prepare_greedy_head(self) -> None:
+        self._greedy.prepare(self.head.weight)
+
+    def greedy_tokens(self, y: torch.Tensor) -> torch.Tensor:
+        return self._greedy(self.norm(y), self.head.weight)
+
+    def ngram_ids(self, batch: ForwardBatch) -> torch.Tensor | None:
+        """[T, max_ngram]: column j holds the token j positions back (the pad id before the
+        sequence), from each chunk's tokens and its `context`."""
+        e = self.config.engram
+        if e is None:
+            return None
+        back = e.max_ngram_size - 1
+        rows = []
+        for c in batch.chunks:
+            need = min(c.start, back)
+            if len(c.context) < need:
+                raise ValueError(
+                    f"a V4.1 chunk starting at {c.start} needs the {need} tokens before it "
+                    f"(SeqChunk.context) for Engram, got {len(c.context)}"
+                )
+            prev = list(c.context[len(c.context) - need :]) if need else []
+            seq = [e.pad_token_id] * (back - need) + prev + list(c.token_ids)
+            t = torch.tensor(seq, dtype=torch.long)
+            # Row i (token i of the chunk) sits at seq[back + i]; column j is j tokens back.
+            rows.append(t.unfold(0, back + 1, 1).flip(-1))
+        return torch.cat(rows)
+
+    @torch.inference_mode()
+    def forward(
+        self,
+        batch: ForwardBatch,
+        pool: KVCachePool,
+        return_hidden: bool = False,
+        greedy: bool = False,
+    ) -> StepOutput:
+        c = self.config
+        ids = batch.input_ids
+        x = self.embed(ids)
+        h = x.unsqueeze(1).expand(-1, c.hc_mult, -1).contiguous()
+        # Shifted HC: the first sublayer's input is stream 0 (the embedding itself).
+        pre = torch.zeros(h.shape[0], c.hc_mult, dtype=torch.float32, device=h.device)
+        pre[:, 0] = 1.0
+        share = StepShare(caches=pool.layers, codec=self.codec)
+        ngram = self.ngram_ids(batch)
+        for layer, cache in zip(self.layers, pool.layers, strict=False):
+            h, pre = layer(h, pre, ngram, batch, cache, share)
+        rows = batch.logits_rows
+        y = collapse(pre[rows], h[rows])
+        hidden = h if return_hidden else None
+        if greedy:
+            return StepOutput(logits=None, hidden=hidden, greedy=self.greedy_tokens(y), last=y)
+        return StepOutput(logits=self.logits(y), hidden=hidden)

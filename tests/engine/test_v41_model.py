@@ -1,0 +1,119 @@
+"""The DeepSeek V4.1 model over the engine's paged caches, against the independent reference
+(v41_reference.py, fp64, whole sequences, no cache) with Engram's table layout and hash
+multipliers from DeepInfer 0.1.0 (v41_oracle.py).
+
+The tiny config (v41_helpers.TINY_V41) has every mode (Full, Reindex, Reuse on both sides of
+the encoder/decoder boundary), both ratios, Engram on two layers and the candidate indexer.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+import torch
+import v41_oracle
+from v41_helpers import greedy_generate, make_pool, new_seqs, step, tiny_dict, tiny_model
+from v41_reference import ReferenceV41, engram_tables_from_deepinfer
+
+TOL = 1e-4  # fp32 engine against the fp64 reference, on logits of magnitude ~5
+
+
+def _tokens(n: int, seed: int) -> list[int]:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(3, 512, (n,), generator=g).tolist()
+
+
+@functools.lru_cache(maxsize=1)
+def _reference() -> ReferenceV41:
+    cfg = tiny_dict()
+    tables = engram_tables_from_deepinfer(v41_oracle.deepinfer(), cfg["text_config"], 512)
+    return ReferenceV41(cfg, dict(tiny_model().named_parameters()), tables)
+
+
+@functools.lru_cache(maxsize=8)
+def _ref_logits(tokens: tuple[int, ...]) -> torch.Tensor:
+    return _reference().logits(list(tokens))
+
+
+def test_prefill_logits_match_the_reference():
+    model = tiny_model()
+    prompt = _tokens(22, seed=1)
+    pool = make_pool(model)
+    got = step(model, pool, [new_seqs(1)[0].chunk(prompt, logits="all")])
+    want = _ref_logits(tuple(prompt))
+    assert (got.double() - want).abs().max() < TOL
+
+
+def test_decode_steps_match_the_reference():
+    """A prompt, then one token per step: every step's logits equal the reference's at that
+    position (the reference is causal, so one run over the whole sequence gives them all)."""
+    model = tiny_model()
+    seq_tokens = _tokens(22, seed=2)
+    pool = make_pool(model)
+    s = new_seqs(1)[0]
+    got = [step(model, pool, [s.chunk(seq_tokens[:9])])[-1]]
+    for tok in seq_tokens[9:]:
+        got.append(step(model, pool, [s.chunk([tok])])[-1])
+    want = _ref_logits(tuple(seq_tokens))[8:]
+    assert (torch.stack(got).double() - want).abs().max() < TOL
+
+
+def test_greedy_generation_is_the_reference_greedy():
+    model = tiny_model()
+    prompt = _tokens(7, seed=3)
+    out = greedy_generate(model, make_pool(model), new_seqs(1)[0], prompt, 14)
+    want = _ref_logits(tuple(prompt + out[:-1]))
+    ref_next = want[len(prompt) - 1 :].argmax(-1).tolist()
+    assert out == ref_next
+
+
+def test_batched_equals_one_at_a_time():
+    model = tiny_model()
+    prompts = [_tokens(n, seed=10 + n) for n in (5, 13, 19)]
+    feeds = [_tokens(6, seed=20 + i) for i in range(3)]
+    # Together: prefill all three, then six decode steps of all three.
+    pool = make_pool(model)
+    seqs = new_seqs(3)
+    together = [step(model, pool, [s.chunk(p) for s, p in zip(seqs, prompts, strict=True)])]
+    for k in range(6):
+        together.append(
+            step(model, pool, [s.chunk([f[k]]) for s, f in zip(seqs, feeds, strict=True)])
+        )
+    for i in range(3):
+        pool = make_pool(model)
+        s = new_seqs(3)[i]  # the same slot and blocks as in the batch
+        alone = [step(model, pool, [s.chunk(prompts[i])])[-1]]
+        alone += [step(model, pool, [s.chunk([f])])[-1] for f in feeds[i]]
+        both = torch.stack([t[i] for t in together])
+        assert torch.allclose(torch.stack(alone), both, atol=1e-5, rtol=0)
+        assert torch.equal(torch.stack(alone).argmax(-1), both.argmax(-1))
+
+
+@pytest.mark.parametrize("block_size", [6, 12])
+def test_chunked_prefill_at_every_boundary_equals_whole(block_size):
+    model = tiny_model()
+    prompt = _tokens(17, seed=4)
+    whole = step(model, make_pool(model, block_size=block_size), [
+        new_seqs(1)[0].chunk(prompt, logits="all")])  # fmt: skip
+    for cut in range(1, len(prompt)):
+        pool = make_pool(model, block_size=block_size)
+        s = new_seqs(1)[0]
+        a = step(model, pool, [s.chunk(prompt[:cut], logits="all")])
+        b = step(model, pool, [s.chunk(prompt[cut:], logits="all")])
+        assert torch.allclose(torch.cat([a, b]), whole, atol=1e-5, rtol=0), cut
+
+
+def test_three_chunks_and_a_mixed_batch_equal_whole():
+    """Chunks of a prompt beside another request's decode steps in the same batch."""
+    model = tiny_model()
+    prompt, other = _tokens(20, seed=5), _tokens(12, seed=6)
+    whole = step(model, make_pool(model), [new_seqs(1)[0].chunk(prompt, logits="all")])
+    pool = make_pool(model)
+    a, b = new_seqs(2)
+    step(model, pool, [b.chunk(other[:9])])
+    rows = []
+    for lo, hi, tok in ((0, 5, other[9]), (5, 11, other[10]), (11, 20, other[11])):
+        out = step(model, pool, [a.chunk(prompt[lo:hi], logits="all"), b.chunk([tok])])
+        rows.append(out[:-1])
+    assert torch.allclose(torch.cat(rows), whole, atol=1e-5, rtol=0)
