@@ -21,6 +21,7 @@ from deepring.core.scheduler import SchedulerConfig
 from deepring.core.zero_cost import ZeroCostRunner, text_token_ids
 from deepring.cost.presets import prior_for
 from deepring.model.config import ModelConfig
+from deepring.model.embedded import RANDOM
 from deepring.model.model import DeepseekV4
 
 log = logging.getLogger("deepring.cache")
@@ -130,7 +131,7 @@ def build_engine(spec: EngineSpec, *, progress: bool = False, loaded=None) -> Bu
             from deepring.cache.store import Sweeper
 
             prefix.sweeper = Sweeper(store, SWEEP_INTERVAL_S).start()
-    random_weights = spec.model == "tiny" or spec.load_format == "dummy"
+    random_weights = spec.model in RANDOM or spec.load_format == "dummy"
     return BuiltEngine(engine, config, path, model, random_weights)
 
 

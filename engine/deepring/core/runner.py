@@ -35,6 +35,8 @@ class ModelRunner:
         self.block_size = pool.cache.block_size
         self.window = pool.layout.window
         self.masks = None  # structured.runtime.TokenMasks, made for the first constrained step
+        # Tokens before a chunk the model reads (V4.1's Engram n-grams; 0 for V4).
+        self.context = int(getattr(model, "token_context", 0))
 
     def step(self, scheduled: list[Scheduled]) -> list[int | None]:
         """Feed each request its chunk; returns the sampled token of every request whose chunk
@@ -57,6 +59,9 @@ class ModelRunner:
                     if r.num_cached < r.window_floor + self.window - 1
                     else 0,
                     compress_from=r.compress_from,
+                    context=r.tokens(max(0, r.num_cached - self.context), r.num_cached)
+                    if self.context
+                    else [],
                 )
             )
         batch = ForwardBatch.build(

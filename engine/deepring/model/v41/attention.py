@@ -87,6 +87,7 @@ def pool_windows(
     tail_kv: torch.Tensor | None,
     tail_gate: torch.Tensor | None,
     ratio: int,
+    froms: list[int] | None = None,
 ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
     """The entries each request's chunk completes, pooled, and their first positions.
 
@@ -94,13 +95,19 @@ def pool_windows(
     a per-channel softmax of their gate rows; C1: entry w is row w). Rows of a window that
     began in an earlier step come from the request's tail (`tail_*[slot, pos % ratio]`); rows
     past the last complete window are written there for the next step. Per request: pooled
-    [E, width] and positions [E]."""
+    [E, width] and positions [E].
+
+    froms: per request, the first position whose entries are not cached yet (a prefix hit
+    replays window rows before it: their entries sit in shared blocks, never rewritten)."""
     ents, firsts = [], []
     dev = latent.device
-    for off, n, start, slot in zip(offsets, lens, starts, slots, strict=True):
-        ws = torch.arange(start // ratio, (start + n) // ratio, device=dev)
+    froms = froms if froms is not None else starts
+    for off, n, start, slot, cfrom in zip(offsets, lens, starts, slots, froms, strict=True):
+        # Entries ending at or after cfrom (a prefix hit's cfrom is a block edge, so a multiple
+        # of the ratio: no entry straddles it).
+        ws = torch.arange(cfrom // ratio, (start + n) // ratio, device=dev)
         if ratio == 1:
-            ents.append(latent[off : off + n])
+            ents.append(latent[off + cfrom - start : off + n])
         else:
             rows = ws[:, None] * ratio + torch.arange(ratio, device=dev)  # positions [E, r]
             in_chunk = (rows >= start)[..., None]
@@ -109,7 +116,8 @@ def pool_windows(
             sc = torch.where(in_chunk, score[idx], tail_gate[slot][rows % ratio].to(score.dtype))
             weights = torch.softmax(sc.float(), dim=1).to(lat.dtype)
             ents.append((lat * weights).sum(1))
-            for p in range((start + n) // ratio * ratio, start + n):  # the incomplete window
+            last = max((start + n) // ratio * ratio, cfrom)
+            for p in range(last, start + n):  # the incomplete window
                 tail_kv[slot, p % ratio] = latent[off + p - start].to(tail_kv.dtype)
                 tail_gate[slot, p % ratio] = score[off + p - start].to(tail_gate.dtype)
         firsts.append(ws * ratio)
@@ -203,7 +211,7 @@ class V41Attention(nn.Module):
         epb = batch.block_size // r
         ents, pos_list = pool_windows(
             latent, score, lay.offsets, lay.lens, lay.starts, lay.slots.tolist(),
-            cache.tail_kv, cache.tail_gate, r,
+            cache.tail_kv, cache.tail_gate, r, batch.compress_from,
         )  # fmt: skip
         dests = []
         for s, ws in enumerate(pos_list):

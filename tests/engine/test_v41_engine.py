@@ -1,0 +1,90 @@
+"""V4.1 in the real engine: the embedded `v41-tiny` under `LLM`, checkpoints in the official
+naming, Engram's host-memory table."""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+import torch
+from deepring.llm import LLM
+from deepring.model.loader import load_model
+from deepring.model.v41.weights import save_v41_checkpoint
+from deepring.sampling.params import SamplingParams
+from safetensors.torch import load_file, save_file
+from v41_helpers import greedy_generate, make_pool, new_seqs, step, tiny_dict, tiny_model
+
+
+@functools.lru_cache(maxsize=1)
+def _llm() -> LLM:
+    return LLM("v41-tiny", max_model_len=512, max_num_seqs=4, num_blocks=64)
+
+
+def test_llm_greedy_equals_the_model_stepped_by_hand():
+    llm = _llm()
+    assert type(llm.model).__name__ == "DeepseekV41"
+    prompts = [[0, *range(10, 40)], [0, 7, 7, 7, 9], [0, *range(300, 500, 3)]]
+    outs = llm.generate(prompts, SamplingParams(max_tokens=6, temperature=0))
+    for i, (p, o) in enumerate(zip(prompts, outs, strict=True)):
+        pool = make_pool(llm.model, num_blocks=8, num_slots=4, block_size=128)
+        want = greedy_generate(llm.model, pool, new_seqs(3, blocks_each=2)[i], p, 6)
+        assert o.token_ids == want
+
+
+def test_llm_prefix_cache_hit_reproduces_the_output():
+    """The second run of a prompt takes its cached blocks (and ring snapshot) and continues
+    exactly as the first."""
+    llm = _llm()
+    prompt = [0, *range(1000, 1300)]  # two full 128-token blocks and a tail
+    params = SamplingParams(max_tokens=5, temperature=0)
+    first = llm.generate([prompt], params)[0].token_ids
+    hits_before = llm.engine.prefix.stats["hit_tokens"]
+    second = llm.generate([prompt], params)[0].token_ids
+    assert llm.engine.prefix.stats["hit_tokens"] > hits_before
+    assert second == first
+
+
+def test_chat_prompts_render_with_the_v41_template():
+    llm = _llm()
+    ids = llm.encode({"model": "v41-tiny", "messages": [{"role": "user", "content": "hi"}]})
+    assert llm.tokenizer.decode(ids).count("<｜User｜>") == 1
+
+
+def test_official_naming_round_trip_and_clear_errors(tmp_path):
+    model = tiny_model()
+    save_v41_checkpoint(model, tmp_path, tiny_dict())
+    loaded = load_model(tmp_path, dtype="float32").model
+    prompt = list(range(3, 20))
+    a = step(model, make_pool(model), [new_seqs(1)[0].chunk(prompt)])
+    b = step(loaded, make_pool(loaded), [new_seqs(1)[0].chunk(prompt)])
+    assert torch.equal(a, b)
+    names = load_file(tmp_path / "model.safetensors")
+    assert "layers.5.attn.compressor.wkv.weight" in names
+    assert "layers.3.engram.embed.weight" in names
+    assert "mtp.0.main_proj.weight" in names
+    assert "layers.2.attn.compressor.wgate.weight" in names  # ratio 2 only
+    assert "layers.5.attn.compressor.wgate.weight" not in names
+
+    def broken(edit, match: str) -> None:
+        t = dict(names)
+        edit(t)
+        save_file(t, str(tmp_path / "model.safetensors"))
+        with pytest.raises(ValueError, match=match):
+            load_model(tmp_path, dtype="float32")
+
+    missing = "layers.7.attn.indexer.wq_b.weight"
+    broken(lambda t: t.pop(missing), missing)
+    bad = "layers.2.attn.wkv.weight"
+    broken(lambda t: t.__setitem__(bad, torch.zeros(3, 3)), rf"{bad}.*\(3, 3\)")
+    extra = "layers.4.attn.compressor.wkv.weight"  # layer 4 reuses layer 2's KV
+    broken(lambda t: t.__setitem__(extra, torch.zeros(32, 64)), extra)
+
+
+def test_engram_table_stays_in_host_memory():
+    config = tiny_model().config
+    from deepring.model.v41.model import DeepseekV41
+
+    net = DeepseekV41(config).to("meta")  # any device that is not the host
+    assert net.layers[1].engram.embed.weight.device.type == "cpu"
+    assert net.layers[1].engram.wkv.weight.device.type == "meta"
+    assert net.head.weight.device.type == "meta"
