@@ -31,6 +31,22 @@ def test_llm_greedy_equals_the_model_stepped_by_hand():
         assert o.token_ids == want
 
 
+def test_llm_decoder_bounded_replay_equals_the_model_stepped_by_hand():
+    """A prompt longer than KEEP (140): the engine's decoder computes its last 140 tokens."""
+    llm = _llm()
+    keep = llm.model.decoder_keep
+    assert keep == 140
+    prompt = [0, *range(2000, 2299)]
+    out = llm.generate([prompt], SamplingParams(max_tokens=5, temperature=0))[0].token_ids
+    pool = make_pool(llm.model, num_blocks=8, num_slots=4, block_size=128)
+    s = new_seqs(1, blocks_each=4)[0]
+    got = [int(step(llm.model, pool, [s.chunk(prompt, "last", len(prompt) - keep)])[-1].argmax())]
+    for _ in range(4):
+        nxt = s.chunk([got[-1]], decoder_from=len(s.tokens) + 1 - keep)
+        got.append(int(step(llm.model, pool, [nxt])[-1].argmax()))
+    assert out == got
+
+
 def test_llm_prefix_cache_hit_reproduces_the_output():
     """The second run of a prompt takes its cached blocks (and ring snapshot) and continues
     exactly as the first."""
@@ -88,3 +104,18 @@ def test_engram_table_stays_in_host_memory():
     assert net.layers[1].engram.embed.weight.device.type == "cpu"
     assert net.layers[1].engram.wkv.weight.device.type == "meta"
     assert net.head.weight.device.type == "meta"
+
+
+def test_keep_below_the_ring_is_refused(monkeypatch):
+    from deepring.core.runner import ModelRunner
+
+    model = tiny_model()
+    pool = make_pool(model)  # ring of 6 = window 4 + backtrack 2
+    monkeypatch.setattr(model, "decoder_keep", 5)
+    with pytest.raises(ValueError, match="DEEPRING_V41_KEEP = 5"):
+        ModelRunner(model, pool)
+    monkeypatch.setenv("DEEPRING_V41_KEEP", "-1")
+    from deepring import env
+
+    with pytest.raises(ValueError, match="DEEPRING_V41_KEEP"):
+        env.v41_keep()

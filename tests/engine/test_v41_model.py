@@ -9,6 +9,7 @@ the encoder/decoder boundary), both ratios, Engram on two layers and the candida
 from __future__ import annotations
 
 import functools
+import itertools
 
 import pytest
 import torch
@@ -117,3 +118,28 @@ def test_three_chunks_and_a_mixed_batch_equal_whole():
         out = step(model, pool, [a.chunk(prompt[lo:hi], logits="all"), b.chunk([tok])])
         rows.append(out[:-1])
     assert torch.allclose(torch.cat(rows), whole, atol=1e-5, rtol=0)
+
+
+KEEP = 6  # >= the window (4) + the ring's backtrack (2)
+
+
+@pytest.mark.parametrize("cuts", [(), (5,), (11,), (12, 14), (3, 16)])
+def test_decoder_bounded_replay_matches_the_reference(cuts):
+    """The decoder computes only the prompt's last KEEP tokens (their windows start there):
+    the prefill's last logits and the following decode steps equal the reference's `mask`
+    semantics, whatever the chunking, and differ from the decoder over every token."""
+    model = tiny_model()
+    prompt, feed = _tokens(17, seed=7), _tokens(5, seed=8)
+    lo = len(prompt) - KEEP
+    pool = make_pool(model)
+    s = new_seqs(1)[0]
+    bounds = [0, *cuts, len(prompt)]
+    for a, b in itertools.pairwise(bounds):
+        out = step(model, pool, [s.chunk(prompt[a:b], "last" if b == len(prompt) else "none", lo)])
+    got = [out[-1]]
+    for tok in feed:
+        got.append(step(model, pool, [s.chunk([tok], decoder_from=len(s.tokens) + 1 - KEEP)])[-1])
+    full = tuple(prompt + feed)
+    want = _reference().logits(list(full), decoder_floor=lo)[len(prompt) - 1 :]
+    assert (torch.stack(got).double() - want).abs().max() < TOL
+    assert (want - _ref_logits(full)[len(prompt) - 1 :]).abs().max() > 1e-2

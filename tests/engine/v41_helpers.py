@@ -112,7 +112,9 @@ def tiny_dict() -> dict:
 @functools.lru_cache(maxsize=4)
 def tiny_model(seed: int = 0):
     config = ModelConfig.from_hf_dict(tiny_dict())
-    return load_model(config, load_format="dummy", seed=seed, dtype="float32").model
+    model = load_model(config, load_format="dummy", seed=seed, dtype="float32").model
+    model.decoder_keep = 0  # the drivers here set SeqChunk.decoder_from themselves
+    return model
 
 
 def make_pool(model, num_blocks: int = 64, num_slots: int = 8, block_size: int = 6):
@@ -126,9 +128,12 @@ class Seq:
     def __init__(self, slot: int, blocks: list[int]) -> None:
         self.slot, self.blocks, self.tokens = slot, blocks, []
 
-    def chunk(self, new: list[int], logits: str = "last") -> SeqChunk:
+    def chunk(self, new: list[int], logits: str = "last", decoder_from: int = 0) -> SeqChunk:
         start = len(self.tokens)
-        c = SeqChunk(new, start, self.slot, self.blocks, logits, context=self.tokens[-8:])
+        c = SeqChunk(
+            new, start, self.slot, self.blocks, logits, context=self.tokens[-8:],
+            decoder_from=decoder_from,
+        )  # fmt: skip
         self.tokens = self.tokens + list(new)
         return c
 

@@ -196,8 +196,10 @@ class ReferenceV41:
                 selected = st["topk", ix_src]
         out = torch.zeros(T, H, hd, dtype=torch.float64)
         sink = w[f"{p}.attn_sink"]
+        floor = self.decoder_floor if layer >= self.boundary else 0
         for i in range(T):
-            ks = [kv[j] for j in range(max(0, i - W + 1), i + 1)]
+            lo = max(0, i - W + 1, floor if i >= floor else 0)
+            ks = [kv[j] for j in range(lo, i + 1)]
             ks += [main[e] for e in sorted(selected[i])]
             K = torch.stack(ks)  # K = V
             logit = (q[i] @ K.T) / math.sqrt(hd)  # [H, m]
@@ -244,8 +246,11 @@ class ReferenceV41:
 
     # ---- the model -------------------------------------------------------------------------
 
-    def logits(self, tokens: list[int]) -> torch.Tensor:
-        """[len(tokens), vocab] fp64 logits of every position."""
+    def logits(self, tokens: list[int], decoder_floor: int = 0) -> torch.Tensor:
+        """[len(tokens), vocab] fp64 logits of every position. decoder_floor: the decoder's
+        bounded replay (DeepInfer's `mask` mode): a decoder query at or after it sees window
+        keys at or after it only (rows before it are computed but meaningless)."""
+        self.decoder_floor = decoder_floor
         t, w = self.t, self.w
         hc = t["hc_mult"]
         x = w["embed.weight"][torch.tensor(tokens)]

@@ -35,6 +35,9 @@ class StepShare:
     caches: list[LayerCache]
     codec: KVCodec
     shared_hidden: torch.Tensor | None = None  # the decoder's KV input (boundary layer's x)
+    # Per request, the first position whose window key exists beyond the batch's own floors
+    # (the decoder's bounded replay); None: none.
+    floors: list[int] | None = None
     topk: dict[int, list[torch.Tensor]] = field(default_factory=dict)  # layer -> per request
     candidates: list[torch.Tensor] | None = None  # per request [n, entries] bool
     # (KV source, index-K source) -> per request its (main entries, indexer keys)
@@ -180,13 +183,11 @@ class V41Attention(nn.Module):
         q_lora = self.q_norm(self.wq_a(x))
         q = apply_rope_torch(self.wq_b(q_lora).view(-1, self.heads, self.hd), cos, sin)
         kv = apply_rope_torch(self.kv_norm(self.wkv(x)), cos, sin)
-        if self.layer == c.boundary:
-            share.shared_hidden = x
         topk = None
-        if self.mode == FULL:
-            # Decoder sources project from the last encoder layer's output (CED).
-            src = x if self.layer < c.boundary else share.shared_hidden
-            self._compress(src, batch, cache, share)
+        if self.mode == FULL and self.layer < c.boundary:
+            # (Decoder sources were written at the boundary, from the last encoder layer's
+            # output over every row: DeepseekV41._enter_decoder.)
+            self.compress(x, batch, cache, share)
         if self.indexer is not None:
             topk = share.topk[self.layer] = self._select(q_lora, x, batch, share)
         elif self.mode != WINDOW:
@@ -200,7 +201,7 @@ class V41Attention(nn.Module):
 
     # ---- the KV source's compressor --------------------------------------------------------
 
-    def _compress(
+    def compress(
         self, x: torch.Tensor, batch: ForwardBatch, cache: LayerCache, share: StepShare
     ) -> None:
         """Pool the windows each request completes this step into the paged main KV and write
@@ -305,7 +306,8 @@ class V41Attention(nn.Module):
         for s in range(len(lay.lens)):
             off, n, start = lay.offsets[s], lay.lens[s], lay.starts[s]
             slot = int(lay.slots[s])
-            lo = max(lay.floor(s), start - w + 1, 0)
+            floor = max(lay.floor(s), share.floors[s] if share.floors is not None else 0)
+            lo = max(floor, start - w + 1, 0)
             past = torch.arange(lo, start, device=q.device)
             keys = torch.cat([ring[slot, past % ring_len].to(kv.dtype), kv[off : off + n]])
             kpos = torch.cat([past, lay.positions[off : off + n]])
@@ -313,7 +315,7 @@ class V41Attention(nn.Module):
             qs = q[off : off + n]
             logit = torch.einsum("nhd,md->nhm", qs, keys) * scale
             see = (kpos[None] <= pos[:, None]) & (kpos[None] > pos[:, None] - w)
-            see &= kpos[None] >= lay.floor(s)
+            see &= kpos[None] >= floor
             logit = logit.masked_fill(~see[:, None], float("-inf"))
             parts, values = [logit], None
             if topk is not None and topk[s].shape[1]:

@@ -12,9 +12,12 @@ does not draft with them yet and allocates them no cache.
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 from torch import nn
 
+from deepring import env
 from deepring.cache.pool import KVCachePool
 from deepring.kernels.greedy_head import GreedyArgmax
 from deepring.kernels.hyper import collapse
@@ -69,6 +72,9 @@ class DeepseekV41(nn.Module):
         stages = config.dspark.num_stages if config.dspark is not None else 0
         self.mtp = nn.ModuleList(DSparkStage(config, i) for i in range(stages))
         self.codec = KVCodec()
+        # Decoder SWA bounded replay: prompt tokens the decoder computes (the runner turns it
+        # into SeqChunk.decoder_from; 0 = every token).
+        self.decoder_keep = env.v41_keep()
         self._rope: RopeTables | None = None
         self._greedy = GreedyArgmax()
 
@@ -129,6 +135,48 @@ class DeepseekV41(nn.Module):
             rows.append(t.unfold(0, back + 1, 1).flip(-1))
         return torch.cat(rows)
 
+    def _enter_decoder(self, h, pre, batch: ForwardBatch, pool: KVCachePool, share: StepShare):
+        """At the boundary: the decoder's KV sources pool their main KV from the boundary
+        layer's attention input over every row (CED: the decoder's global KV depends only on
+        the encoder), then the decoder runs on the rows at or after each chunk's decoder_from
+        (bounded replay; their windows start there). Returns the decoder's streams, pre mixes,
+        batch (None: no row left), StepShare and the logits rows in its row numbering."""
+        c = self.config
+        block = self.layers[c.boundary]
+        x = block.attn_norm(collapse(pre, h))
+        share.shared_hidden = x
+        for s in c.kv_source_layer_ids:
+            if s >= c.boundary:
+                self.layers[s].attn.compress(x, batch, pool.layers[s], share)
+        lay = batch.layout
+        skip = [
+            max(0, min(ch.decoder_from - ch.start, n))
+            for ch, n in zip(batch.chunks, lay.lens, strict=True)
+        ]
+        if not any(skip) and not any(ch.decoder_from for ch in batch.chunks):
+            return h, pre, batch, share, batch.logits_rows
+        keep, chunks, floors = [], [], []
+        for ch, off, n, k0 in zip(batch.chunks, lay.offsets, lay.lens, skip, strict=True):
+            if k0 == n:
+                continue
+            keep.extend(range(off + k0, off + n))
+            chunks.append(dataclasses.replace(ch, token_ids=ch.token_ids[k0:], start=ch.start + k0,
+                                              window_floor=0, context=[]))  # fmt: skip
+            floors.append(max(ch.window_floor, ch.decoder_from))
+        where = {r: i for i, r in enumerate(keep)}
+        wanted = batch.logits_rows.tolist()
+        if any(r not in where for r in wanted):
+            raise ValueError("logits asked for a prompt row before decoder_from (bounded replay)")
+        dev = h.device
+        rows = torch.tensor([where[r] for r in wanted], dtype=torch.long, device=dev)
+        if not keep:
+            return h, pre, None, share, rows
+        sub = ForwardBatch.build(chunks, batch.rope_tables, batch.block_size, dev)
+        idx = torch.tensor(keep, dtype=torch.long, device=dev)
+        share = StepShare(caches=share.caches, codec=self.codec, shared_hidden=x[idx],
+                          floors=floors)  # fmt: skip
+        return h[idx], pre[idx], sub, share, rows
+
     @torch.inference_mode()
     def forward(
         self,
@@ -146,9 +194,13 @@ class DeepseekV41(nn.Module):
         pre[:, 0] = 1.0
         share = StepShare(caches=pool.layers, codec=self.codec)
         ngram = self.ngram_ids(batch)
-        for layer, cache in zip(self.layers, pool.layers, strict=False):
-            h, pre = layer(h, pre, ngram, batch, cache, share)
         rows = batch.logits_rows
+        for i, (layer, cache) in enumerate(zip(self.layers, pool.layers, strict=False)):
+            if i == c.boundary:
+                h, pre, batch, share, rows = self._enter_decoder(h, pre, batch, pool, share)
+                if batch is None:  # no row reaches the decoder (a mid-prompt chunk)
+                    break
+            h, pre = layer(h, pre, ngram, batch, cache, share)
         y = collapse(pre[rows], h[rows])
         hidden = h if return_hidden else None
         if greedy:
