@@ -61,6 +61,12 @@ def v41_keep() -> int:
     return keep
 
 
+def v41_kv_cache() -> str:
+    """DEEPRING_V41_KV_CACHE: how DeepSeek V4.1's main KV and indexer keys are stored: plain
+    (the cache dtype, the default) | fp4 (E2M1 with E4M3 scales per 16 / E8M0 per 32)."""
+    return _choice("DEEPRING_V41_KV_CACHE", ("plain", "fp4"))
+
+
 def kernel_backend() -> str:
     """DEEPRING_KERNELS: auto (Triton on CUDA tensors, numba or torch on CPU) | torch | numba |
     triton (see kernels.dispatch)."""

@@ -58,7 +58,7 @@ TINY_V41: dict = {
         "candidate_block_size": 3,
         "index_topk": 4,
         "index_n_heads": 2,
-        "index_head_dim": 16,
+        "index_head_dim": 32,
         "n_routed_experts": 4,
         "n_shared_experts": 1,
         "num_experts_per_tok": 2,

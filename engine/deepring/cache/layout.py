@@ -49,6 +49,9 @@ class LayerLayout:
     ratio: int  # tokens per compressed entry (0: sliding only)
     head_dim: int  # width of the ring's and the paged cache's vectors
     index_head_dim: int = 0  # CSA: width of the indexer's keys
+    # CSA2 only: main entries and indexer keys stored FP4 (bytes: values and group scales,
+    # model.v41.kvquant), whatever the layout's dtype.
+    fp4: bool = False
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -57,6 +60,8 @@ class LayerLayout:
             raise ValueError(f"a {self.kind} layer cannot have compress ratio {self.ratio}")
         if self.head_dim < 1 or (self.kind in (CSA, CSA2)) != (self.index_head_dim > 0):
             raise ValueError(f"bad widths for a {self.kind} layer")
+        if self.fp4 and (self.kind != CSA2 or self.head_dim % 16 or self.index_head_dim % 32):
+            raise ValueError("FP4 entries need a CSA2 layer, head_dim % 16 and index % 32")
 
     @property
     def compressed(self) -> bool:
@@ -85,6 +90,17 @@ class LayerLayout:
         return self.compressed and not (self.kind == CSA2 and self.ratio == 1)
 
     @property
+    def page_width(self) -> int:
+        """Elements per paged main entry (bytes when FP4: values + one E4M3 scale per 16)."""
+        return self.head_dim // 2 + self.head_dim // 16 if self.fp4 else self.head_dim
+
+    @property
+    def index_page_width(self) -> int:
+        """Elements per paged indexer key (bytes when FP4: values + one E8M0 scale per 32)."""
+        d = self.index_head_dim
+        return d // 2 + d // 32 if self.fp4 else d
+
+    @property
     def has_index_tail(self) -> bool:
         """V4's indexer has a compressor of its own; CSA2's keys come from the main entries."""
         return self.kind == CSA
@@ -111,6 +127,8 @@ class CacheLayout:
     def describe(self) -> str:
         """A stable text naming every layer's kind and widths and the dtype (fingerprints)."""
         parts = [
-            f"{lay.kind}:{lay.ratio}:{lay.head_dim}:{lay.index_head_dim}" for lay in self.layers
+            f"{lay.kind}:{lay.ratio}:{lay.head_dim}:{lay.index_head_dim}"
+            + (":fp4" if lay.fp4 else "")
+            for lay in self.layers
         ]
         return f"w{self.window}/{str(self.dtype).replace('torch.', '')}/" + ",".join(parts)

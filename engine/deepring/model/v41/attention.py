@@ -321,7 +321,7 @@ class V41Attention(nn.Module):
             if topk is not None and topk[s].shape[1]:
                 main, _ = self._entries(batch, share, s)
                 sel = topk[s]
-                ent = main[sel.clamp(min=0)]  # [n, k, hd]
+                ent = main[sel.clamp(min=0)].to(qs.dtype)  # [n, k, hd] (FP4 pages: fp32)
                 cl = torch.einsum("nhd,nkd->nhk", qs, ent) * scale
                 cl = cl.masked_fill((sel < 0)[:, None], float("-inf"))
                 parts.append(cl)

@@ -205,14 +205,21 @@ class V41Config:
     def min_block_size(self) -> int:
         return block_multiple(self.compress_ratios)
 
-    def cache_layout(self, dtype: torch.dtype) -> CacheLayout:
+    def cache_layout(self, dtype: torch.dtype, fp4: bool | None = None) -> CacheLayout:
         """Per backbone layer: a sliding-window ring; KV sources also their paged main KV and
         indexer keys (and, at ratio 2, the compressor's tail). DSpark stages hold no cache here:
-        the engine loads their tensors but does not draft yet."""
+        the engine loads their tensors but does not draft yet. fp4: main KV and indexer keys
+        stored FP4 (None: as DEEPRING_V41_KV_CACHE says)."""
+        if fp4 is None:
+            from deepring import env
+
+            fp4 = env.v41_kv_cache() == "fp4"
         layers = []
         for i, r in enumerate(self.compress_ratios):
             if self.mode(i) == FULL:
-                layers.append(LayerLayout(CACHE_CSA2, r, self.head_dim, self.index_head_dim))
+                layers.append(
+                    LayerLayout(CACHE_CSA2, r, self.head_dim, self.index_head_dim, fp4=fp4)
+                )
             else:
                 layers.append(LayerLayout(CACHE_SLIDING, 0, self.head_dim))
         return CacheLayout(layers=tuple(layers), window=self.sliding_window, dtype=dtype)

@@ -71,7 +71,7 @@ class DeepseekV41(nn.Module):
         self.head = linear(config.hidden_size, config.vocab_size)
         stages = config.dspark.num_stages if config.dspark is not None else 0
         self.mtp = nn.ModuleList(DSparkStage(config, i) for i in range(stages))
-        self.codec = KVCodec()
+        self.codec = KVCodec(config.head_dim, config.index_head_dim)
         # Decoder SWA bounded replay: prompt tokens the decoder computes (the runner turns it
         # into SeqChunk.decoder_from; 0 = every token).
         self.decoder_keep = env.v41_keep()
