@@ -143,3 +143,40 @@ def test_decoder_bounded_replay_matches_the_reference(cuts):
     want = _reference().logits(list(full), decoder_floor=lo)[len(prompt) - 1 :]
     assert (torch.stack(got).double() - want).abs().max() < TOL
     assert (want - _ref_logits(full)[len(prompt) - 1 :]).abs().max() > 1e-2
+
+
+def test_prefix_hit_with_a_ring_and_a_replayed_ring():
+    """Blocks [0, 12) cached. With the ring snapshot at 12 the continuation is exact (equals
+    the whole prefill); without it the last window (4 tokens) is replayed, windows restarting
+    at 8, the cached blocks' entries kept: equal to the reference's bounded-replay semantics
+    (and not to the whole prefill: it is an approximation)."""
+    from deepring.cache.pool import SLOT_FIELDS
+    from v41_helpers import Seq
+
+    model = tiny_model()
+    prompt, feed = _tokens(18, seed=11), _tokens(3, seed=12)
+    pool = make_pool(model)
+    whole = step(model, make_pool(model), [new_seqs(1)[0].chunk(prompt + feed, logits="all")])
+    first = Seq(0, [1, 2, 3])
+    step(model, pool, [first.chunk(prompt[:12], "none")])
+    # A ring hit: the cached blocks and the ring (and tails) at 12 in a fresh slot.
+    for lc in pool.layers:
+        for f in SLOT_FIELDS:
+            if (t := getattr(lc, f)) is not None:
+                t[1] = t[0]
+    hit = Seq(1, [1, 2, 9, 10])
+    hit.tokens = prompt[:12]
+    got = [step(model, pool, [hit.chunk(prompt[12:], "all")])]
+    got += [step(model, pool, [hit.chunk([t])]) for t in feed]
+    assert torch.allclose(torch.cat(got), whole[12:], atol=1e-5, rtol=0)
+    # No ring: replay from 12 - window with a window floor; entries before 12 stay cached.
+    replay = Seq(2, [1, 2, 11, 12])
+    replay.tokens = prompt[:8]
+    chunk = replay.chunk(prompt[8:], "all")
+    chunk.window_floor, chunk.compress_from = 8, 12
+    got = [step(model, pool, [chunk])[4:]]
+    got += [step(model, pool, [replay.chunk([t])]) for t in feed]
+    got = torch.cat(got).double()
+    want = _reference().logits(prompt + feed, replay=(8, 12))[12:]
+    assert (got - want).abs().max() < TOL
+    assert (got - whole[12:].double()).abs().max() > 1e-3

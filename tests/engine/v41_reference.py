@@ -183,6 +183,10 @@ class ReferenceV41:
                     k = _rms(c @ w[f"{p}.indexer.wk.weight"].T, w[f"{p}.indexer.k_norm.weight"],
                              self.eps)  # fmt: skip
                     keys.append(_rope(k[None], ep, self.inv_comp)[0])
+                cached = self.replay_cached
+                if cached is not None:  # entries before the hit come from the cached blocks
+                    for e in range(min(len(mains), cached[0] // r)):
+                        mains[e], keys[e] = cached[1]["main", layer][e], cached[1]["keys", layer][e]
                 empty = torch.zeros(0, hd, dtype=torch.float64)
                 st["main", layer] = torch.stack(mains) if mains else empty
                 st["keys", layer] = torch.stack(keys) if keys else empty[:, : t["index_head_dim"]]
@@ -197,6 +201,7 @@ class ReferenceV41:
         out = torch.zeros(T, H, hd, dtype=torch.float64)
         sink = w[f"{p}.attn_sink"]
         floor = self.decoder_floor if layer >= self.boundary else 0
+        floor = max(floor, self.replay_floor)
         for i in range(T):
             lo = max(0, i - W + 1, floor if i >= floor else 0)
             ks = [kv[j] for j in range(lo, i + 1)]
@@ -246,11 +251,21 @@ class ReferenceV41:
 
     # ---- the model -------------------------------------------------------------------------
 
-    def logits(self, tokens: list[int], decoder_floor: int = 0) -> torch.Tensor:
+    def logits(
+        self, tokens: list[int], decoder_floor: int = 0, replay: tuple[int, int] | None = None
+    ) -> torch.Tensor:
         """[len(tokens), vocab] fp64 logits of every position. decoder_floor: the decoder's
         bounded replay (DeepInfer's `mask` mode): a decoder query at or after it sees window
-        keys at or after it only (rows before it are computed but meaningless)."""
-        self.decoder_floor = decoder_floor
+        keys at or after it only (rows before it are computed but meaningless).
+
+        replay = (floor, hit): SWA bounded replay after a prefix hit without a ring (V4.1
+        report §3.2): the global KV of the first `hit` tokens is the cached one (computed by a
+        full run), every layer's window restarts at `floor` (queries at or after it see keys
+        at or after it), the replayed tokens regenerate only the windows."""
+        self.decoder_floor, self.replay_floor, self.replay_cached = decoder_floor, 0, None
+        if replay is not None:
+            self.logits(tokens, decoder_floor)
+            self.replay_floor, self.replay_cached = replay[0], (replay[1], self._st)
         t, w = self.t, self.w
         hc = t["hc_mult"]
         x = w["embed.weight"][torch.tensor(tokens)]
@@ -258,6 +273,7 @@ class ReferenceV41:
         pre = torch.zeros(len(tokens), hc, dtype=torch.float64)
         pre[:, 0] = 1  # the first sublayer reads stream 0
         st: dict = {}
+        self._st = st
         engram_layers = t.get("engram_layer_ids") or []
         for layer in range(self.L):
             lp = f"layers.{layer}"
