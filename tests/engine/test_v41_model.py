@@ -180,3 +180,61 @@ def test_prefix_hit_with_a_ring_and_a_replayed_ring():
     want = _reference().logits(prompt + feed, replay=(8, 12))[12:]
     assert (got - want).abs().max() < TOL
     assert (got - whole[12:].double()).abs().max() > 1e-3
+
+
+def test_decoder_replay_beside_decode_rows_equals_alone():
+    """A prompt under decoder replay chunked beside another request's decode steps: the same
+    logits as each alone (the decoder's sub-batch keeps the right rows and windows)."""
+    model = tiny_model()
+    prompt, other = _tokens(17, seed=13), _tokens(12, seed=14)
+    lo = len(prompt) - KEEP
+
+    def run(together: bool) -> list[torch.Tensor]:
+        pool = make_pool(model)
+        a, b = new_seqs(2)
+        step(model, pool, [b.chunk(other[:9])])
+        out = []
+        for (x, y), tok in zip(((0, 9), (9, 13), (13, 17)), other[9:], strict=True):
+            ca = a.chunk(prompt[x:y], "last" if y == len(prompt) else "none", lo)
+            if together:
+                out.append(step(model, pool, [ca, b.chunk([tok])]))
+            else:
+                mine = step(model, pool, [ca])  # (no rows before the prompt's last chunk)
+                if y == len(prompt):
+                    out.append(mine)
+                out.append(step(model, pool, [b.chunk([tok])]))
+        return out
+
+    joint, alone = run(True), run(False)
+    assert torch.allclose(joint[-1][0], alone[-2][0], atol=1e-5, rtol=0)  # the prompt's row
+    for k in range(3):
+        assert torch.allclose(joint[k][-1], alone[k if k < 2 else 3][-1], atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize(
+    ("edit", "match"),
+    [
+        ({"kv_source_layer_ids": [2]}, "layer 5 has ratio 1 but its KV source 2 has ratio 2"),
+        ({"engram_layer_ids": [1, 6]}, "engram layers must be encoder layers"),
+        ({"index_source_layer_ids": [3, 5]}, "sources must nest"),
+        ({"compress_ratios": [0, 0, 4, 2, 2, 1, 1, 1, 1]}, "compress ratios must be in"),
+        ({"candidate_topk_blocks": 1}, "candidate pool must hold at least index_topk"),
+        ({"hidden_act": "gelu"}, "hidden_act"),
+    ],
+)
+def test_bad_configs_are_refused_by_name(edit, match):
+    from deepring.model.config import ModelConfig
+
+    cfg = tiny_dict()
+    cfg["text_config"].update(edit)
+    with pytest.raises(ValueError, match=match):
+        ModelConfig.from_hf_dict(cfg)
+
+
+def test_missing_key_is_named():
+    from deepring.model.config import ModelConfig
+
+    cfg = tiny_dict()
+    del cfg["text_config"]["kv_source_layer_ids"]
+    with pytest.raises(ValueError, match="kv_source_layer_ids"):
+        ModelConfig.from_hf_dict(cfg)

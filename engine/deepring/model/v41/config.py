@@ -140,9 +140,9 @@ class V41Config:
             need(self.compress_ratios[src] == self.compress_ratios[i],
                  f"layer {i} has ratio {self.compress_ratios[i]} but its KV source {src} has "
                  f"ratio {self.compress_ratios[src]}")  # fmt: skip
+        # (The decoder's first layer is then a KV source: it is the first ratio-1 layer, and
+        # its source must have its ratio.)
         b = self.boundary
-        if b < n:
-            need(b in kv, f"the decoder's first layer {b} must be a KV source (CED boundary)")
         if self.candidate_source_layer_id is not None:
             c = self.candidate_source_layer_id
             need(c in ix, "candidate_source_layer_id must be an index source")
