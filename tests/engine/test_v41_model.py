@@ -238,3 +238,33 @@ def test_missing_key_is_named():
     del cfg["text_config"]["kv_source_layer_ids"]
     with pytest.raises(ValueError, match="kv_source_layer_ids"):
         ModelConfig.from_hf_dict(cfg)
+
+
+def test_engram_with_the_compressed_vocabulary(tmp_path):
+    """Engram hashing compressed ids (the V4.1 tokenizer's normalised classes): engine against
+    the reference fed DeepInfer's own compressed vocabulary and hash multipliers."""
+    import sys
+
+    from deepring.model.config import ModelConfig
+    from deepring.model.v41.model import DeepseekV41
+    from deepring.model.v41.weights import init_dummy_v41
+    from deepring.protocol.tokenizer import write_v41_tokenizer
+
+    tok = write_v41_tokenizer(tmp_path / "tokenizer.json")
+    cfg = tiny_dict()
+    cfg["text_config"]["engram_compressed_vocab_size"] = 99093
+    model = DeepseekV41(ModelConfig.from_hf_dict(cfg), tokenizer=tok)
+    init_dummy_v41(model, 0)
+    model.eval().requires_grad_(False)
+    model.decoder_keep = 0
+    di = v41_oracle.deepinfer()
+    tables = engram_tables_from_deepinfer(di, cfg["text_config"], 512, tokenizer=tok)
+    meta = sys.modules["deepinfer.model_executor.models.v4_modules.engram_metadata"]
+    lookup = meta.CompressedVocabulary(str(tok)).old2new
+    ref = ReferenceV41(cfg, dict(model.named_parameters()), tables, engram_lookup=lookup)
+    tokens = _tokens(14, seed=15)
+    pool = make_pool(model)
+    s = new_seqs(1)[0]
+    got = [step(model, pool, [s.chunk(tokens[:9], logits="all")])]
+    got += [step(model, pool, [s.chunk([t])]) for t in tokens[9:]]
+    assert (torch.cat(got).double() - ref.logits(tokens)).abs().max() < TOL

@@ -135,3 +135,19 @@ def test_candidate_blocks_match_deepinfer(block, di):
         want = {int(b) for b in chosen[r] if int(b) < int(valid[r])}
         got = {e // block for e in ours[r].nonzero().flatten().tolist() if e < int(n_vis[r])}
         assert got == want
+
+
+def test_compressed_vocabulary_matches_deepinfer(di, tmp_path):
+    """Engram's compressed vocabulary of the V4.1 tokenizer, ours (read from tokenizer.json)
+    against DeepInfer's (HF tokenizers' decode and normalisers)."""
+    import sys
+
+    from deepring.model.v41.vocab import compressed_vocabulary
+    from deepring.protocol.tokenizer import write_v41_tokenizer
+
+    tok = write_v41_tokenizer(tmp_path / "tokenizer.json")
+    meta = sys.modules["deepinfer.model_executor.models.v4_modules.engram_metadata"]
+    theirs = meta.CompressedVocabulary(str(tok))
+    ours = compressed_vocabulary(tok)
+    assert ours == theirs.old2new
+    assert max(ours) + 1 == len(theirs)  # 99093 classes for 129281 ids

@@ -62,7 +62,11 @@ def _rope(x: torch.Tensor, pos: torch.Tensor, inv: torch.Tensor, inverse: bool =
 class ReferenceV41:
     """cfg: the config.json dict; weights: name -> tensor (the official naming)."""
 
-    def __init__(self, cfg: dict, weights: dict[str, torch.Tensor], engram_tables=None):
+    def __init__(
+        self, cfg: dict, weights: dict[str, torch.Tensor], engram_tables=None, engram_lookup=None
+    ):
+        """engram_tables: {layer: (primes [orders][heads], multipliers)}; engram_lookup: token
+        id -> compressed id when the config compresses Engram's vocabulary."""
         self.top, self.t = cfg, cfg["text_config"]
         self.w = {k: v.detach().double() for k, v in weights.items()}
         t = self.t
@@ -74,6 +78,7 @@ class ReferenceV41:
         self.inv_main = _inv_freq(rd, t["rope_theta"], None)
         self.inv_comp = _inv_freq(rd, t["compress_rope_theta"], t.get("rope_scaling"))
         self.engram_tables = engram_tables or {}
+        self.engram_lookup = engram_lookup
 
     # ---- sharing maps (the nearest source at or before a layer) ------------------------------
 
@@ -120,6 +125,7 @@ class ReferenceV41:
         t = self.t
         primes, mults = self.engram_tables[layer]  # [orders][heads], [max_ngram]
         pad = t["engram_pad_token_id"]
+        lookup = self.engram_lookup or None
         offsets, acc = [], 0
         for per in primes:
             row = []
@@ -136,6 +142,8 @@ class ReferenceV41:
                 h = 0
                 for j in range(n):
                     tok = tokens[i - j] if i - j >= 0 else pad
+                    if lookup is not None:
+                        tok = lookup[tok]
                     h ^= tok * int(mults[j])
                 for k, p in enumerate(per):
                     parts.append(table[h % p + offsets[o][k]])
@@ -292,8 +300,9 @@ class ReferenceV41:
         return y @ w["head.weight"].T
 
 
-def engram_tables_from_deepinfer(oracle, text_cfg: dict, vocab_size: int) -> dict:
-    """{layer: (primes [orders][heads], multipliers)} from DeepInfer's NgramHashMapping."""
+def engram_tables_from_deepinfer(oracle, text_cfg: dict, vocab_size: int, tokenizer=None) -> dict:
+    """{layer: (primes [orders][heads], multipliers)} from DeepInfer's NgramHashMapping
+    (tokenizer: the tokenizer.json its compressed vocabulary is built from, if compressing)."""
     n_tables = text_cfg["engram_max_ngram_size"] - 1
     cfg = oracle.AttrDict(
         vocab_size=[text_cfg["engram_vocab_size"]] * n_tables,
@@ -301,7 +310,8 @@ def engram_tables_from_deepinfer(oracle, text_cfg: dict, vocab_size: int) -> dic
         n_embed_per_ngram=[text_cfg["engram_head_dim"] * text_cfg["engram_n_heads"]] * n_tables,
         engram_max_ngram_size=text_cfg["engram_max_ngram_size"],
         engram_layer_ids=list(text_cfg["engram_layer_ids"]),
-        enable_tokenizer_compression=False,
+        enable_tokenizer_compression=tokenizer is not None,
+        tokenizer_name_or_path=str(tokenizer),
         tokenizer_vocab_size=vocab_size,
     )
     mapping = oracle.NgramHashMapping(cfg, device="cpu")

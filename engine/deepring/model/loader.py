@@ -102,7 +102,7 @@ def _load_v41(config, path, load_format, seed, dtype, device, progress) -> Loade
     from deepring.model.v41.weights import cast_for_inference as cast41
     from deepring.model.v41.weights import init_dummy_v41, load_v41_checkpoint
 
-    net = DeepseekV41(config)
+    net = DeepseekV41(config, tokenizer=path / "tokenizer.json" if path is not None else None)
     if load_format == "dummy":
         init_dummy_v41(net, seed)
     elif not load_v41_checkpoint(net, path, progress=progress) and len(net.mtp):

@@ -34,16 +34,18 @@ def hash_multipliers(layer: int, max_ngram: int, vocab: int) -> torch.Tensor:
 
 
 class Engram(nn.Module):
-    def __init__(self, config: V41Config, layer: int) -> None:
+    def __init__(self, config: V41Config, layer: int, lookup: torch.Tensor | None = None) -> None:
+        """lookup: token id -> compressed id (model.v41.vocab), required when the config
+        compresses the vocabulary (hashing raw ids would address the wrong rows)."""
         super().__init__()
         e: EngramConfig = config.engram
-        if e.compressed_vocab_size:
-            # The compressed vocabulary is built from the tokenizer (NFKC, accents, case,
-            # whitespace folded); not built here, and hashing raw ids would address wrong rows.
+        if e.compressed_vocab_size and lookup is None:
             raise ValueError(
-                "engram_compressed_vocab_size is set: Engram's tokenizer compression is not "
-                "implemented in this engine"
+                "engram_compressed_vocab_size is set: Engram needs the checkpoint's "
+                "tokenizer.json for its compressed vocabulary"
             )
+        # Host memory, like the table: the hashes are computed there.
+        self.lookup = lookup.cpu() if e.compressed_vocab_size else None
         self.cfg, self.hc, self.dim = e, config.hc_mult, config.hidden_size
         self.eps = config.rms_norm_eps
         sizes = engram_table_sizes(e)[layer]  # [orders][heads]
@@ -51,7 +53,9 @@ class Engram(nn.Module):
         # Hashing runs in host memory beside the table: plain CPU tensors, not buffers.
         self.primes = torch.tensor(flat, dtype=torch.long)
         self.offsets = torch.tensor(np.concatenate([[0], np.cumsum(flat)[:-1]]), dtype=torch.long)
-        vocab = e.compressed_vocab_size or config.vocab_size
+        # The multipliers' bound depends on the vocabulary the hashes see (DeepInfer takes the
+        # compressed vocabulary's real size, not the config's number).
+        vocab = int(self.lookup.max()) + 1 if self.lookup is not None else config.vocab_size
         self.mults = hash_multipliers(layer, e.max_ngram_size, vocab)
         self.q_weight = nn.Parameter(torch.zeros(self.hc, self.dim))
         self.k_weight = nn.Parameter(torch.zeros(self.hc, self.dim))
@@ -74,6 +78,8 @@ class Engram(nn.Module):
         """Table rows [T, tables] of the n-grams: ngram_ids [T, max_ngram], column j the id j
         tokens back (pad before the sequence)."""
         ids = ngram_ids.to(torch.long)
+        if self.lookup is not None:
+            ids = self.lookup[ids]
         cols = []
         h = ids[:, 0] * self.mults[0]
         for n in range(2, self.cfg.max_ngram_size + 1):

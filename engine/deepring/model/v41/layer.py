@@ -86,8 +86,14 @@ class ShiftedHC:
 
 
 class V41Block(nn.Module):
-    def __init__(self, config: V41Config, layer: int, attn: V41Attention | None = None,
-                 moe: V41MoE | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        config: V41Config,
+        layer: int,
+        attn: V41Attention | None = None,
+        moe: V41MoE | None = None,
+        lookup: torch.Tensor | None = None,
+    ) -> None:
         super().__init__()
         c = config
         self.layer = layer
@@ -103,7 +109,7 @@ class V41Block(nn.Module):
             self.register_parameter(f"hc_{part}_scale", nn.Parameter(torch.ones(3)))
         self._hc = ShiftedHC(c)
         has_engram = c.engram is not None and layer in c.engram.layer_ids
-        self.engram = Engram(c, layer) if has_engram else None
+        self.engram = Engram(c, layer, lookup) if has_engram else None
 
     def forward(
         self,

@@ -13,6 +13,7 @@ does not draft with them yet and allocates them no cache.
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 import torch
 from torch import nn
@@ -29,6 +30,7 @@ from deepring.model.v41.attention import StepShare, V41Attention
 from deepring.model.v41.config import V41Config
 from deepring.model.v41.kvquant import KVCodec
 from deepring.model.v41.layer import V41Block, V41MoE
+from deepring.model.v41.vocab import compressed_vocabulary
 
 
 class MarkovHead(nn.Module):
@@ -60,13 +62,25 @@ class DSparkStage(V41Block):
 
 
 class DeepseekV41(nn.Module):
-    def __init__(self, config: V41Config) -> None:
+    def __init__(self, config: V41Config, tokenizer: str | Path | None = None) -> None:
+        """tokenizer: the checkpoint's tokenizer.json, needed when Engram compresses the
+        vocabulary (model.v41.vocab)."""
         super().__init__()
         if not config.hc_shifted:
             raise ValueError("hc_shifted = false (an HC head) is not implemented for V4.1")
         self.config = config
+        lookup = None
+        if config.engram is not None and config.engram.compressed_vocab_size:
+            if tokenizer is None or not Path(tokenizer).is_file():
+                raise ValueError(
+                    "this V4.1 config compresses Engram's vocabulary "
+                    f"(engram_compressed_vocab_size): no tokenizer.json at {tokenizer}"
+                )
+            lookup = torch.tensor(compressed_vocabulary(tokenizer), dtype=torch.long)
         self.embed = nn.Embedding(config.vocab_size, config.hidden_size)
-        self.layers = nn.ModuleList(V41Block(config, i) for i in range(config.num_hidden_layers))
+        self.layers = nn.ModuleList(
+            V41Block(config, i, lookup=lookup) for i in range(config.num_hidden_layers)
+        )
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.head = linear(config.hidden_size, config.vocab_size)
         stages = config.dspark.num_stages if config.dspark is not None else 0
