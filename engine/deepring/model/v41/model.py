@@ -167,7 +167,12 @@ class DeepseekV41(nn.Module):
             max(0, min(ch.decoder_from - ch.start, n))
             for ch, n in zip(batch.chunks, lay.lens, strict=True)
         ]
-        if not any(skip) and not any(ch.decoder_from for ch in batch.chunks):
+        # Nothing to drop and no window reaching below its floor (decode steps: KEEP >= the
+        # window): the decoder runs on the step as it is.
+        w = c.sliding_window
+        if not any(skip) and all(
+            ch.decoder_from <= max(0, ch.start - w + 1) for ch in batch.chunks
+        ):
             return h, pre, batch, share, batch.logits_rows
         keep, chunks, floors = [], [], []
         for ch, off, n, k0 in zip(batch.chunks, lay.offsets, lay.lens, skip, strict=True):
