@@ -119,3 +119,43 @@ def test_keep_below_the_ring_is_refused(monkeypatch):
 
     with pytest.raises(ValueError, match="DEEPRING_V41_KEEP"):
         env.v41_keep()
+
+
+def test_handoff_from_a_prefill_engine_continues_exactly():
+    """Serving's split: a 200-token prompt prefilled in 96-token chunks (decoder replay across
+    them) in one engine, its cache state through the wire format into another engine's other
+    slot and blocks, decoded there: the tokens one LLM generates alone."""
+    import numpy as np
+    from deepring.cache.transfer import CacheState
+    from deepring.config import EngineSpec
+    from deepring.core.build import build_engine
+    from deepring.ipc import codec
+    from deepring.ipc.messages import Handoff
+
+    spec = EngineSpec(model="v41-tiny", max_model_len=512, max_num_seqs=4,
+                      max_num_batched_tokens=96)  # fmt: skip
+    pre, dec = build_engine(spec).engine, build_engine(spec).engine
+    prompt = [(37 * j) % 120000 + 3 for j in range(200)]
+    params = SamplingParams(temperature=0, max_tokens=8)
+    want = _llm().generate([prompt], params)[0].token_ids
+    req = pre.add(1, prompt, params, 0)
+    while not req.output_ids:
+        pre.step()
+    assert req.output_ids == want[:1]
+    state = pre.export(req)
+    pre.finish(req, "handoff")
+    msg = Handoff(
+        rid=1, frontend_gen=0, token_ids=np.asarray(prompt + req.output_ids, dtype=np.int32),
+        prompt_len=len(prompt), num_cached=req.num_cached, cache_hit=0, sampling=params,
+        seed=0, decode_gen=1, cache_class="chat", slot_state=state.slot_state,
+        block_state=state.block_state,
+    )  # fmt: skip
+    msg = codec.decode_strict([bytes(f) for f in codec.encode(msg)])
+    busy = dec.slots.allocate(), dec.blocks.allocate(2)  # the state lands elsewhere
+    state = CacheState(msg.slot_state, msg.block_state)
+    ids = msg.token_ids.tolist()
+    got = dec.admit(msg.rid, ids, msg.prompt_len, msg.num_cached, msg.sampling, msg.seed, state)
+    assert got.slot != busy[0]
+    while not got.finished:
+        dec.step()
+    assert got.output_ids == want
