@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from deepring.kernels.hyper import collapse, hc_merge, rms_mix, sinkhorn
+from deepring.kernels.hyper import collapse, hc_merge, hc_pre, rms_mix
 from deepring.kernels.moe import clamped_swiglu
 from deepring.model.norm import RMSNorm, linear
 from deepring.model.v41.attention import StepShare, V41Attention
@@ -75,14 +75,17 @@ class ShiftedHC:
         self.hc_eps, self.norm_eps = config.hc_eps, config.rms_norm_eps
 
     def mixes(self, fn, base, scale, h: torch.Tensor):
-        """(pre for the next sublayer [T, hc], post [T, hc], comb_t [T, hc, hc])."""
+        """(pre for the next sublayer [T, hc], post [T, hc], comb_t [T, hc, hc]).
+
+        post and comb come from the engine's fused mHC kernel (numba on CPU, Triton on CUDA;
+        V4's kernel: it also collapses the streams with the *current* pre, which shifted HC
+        does not use, and costs less than the Sinkhorn iterations it saves); the pre mix is the
+        first hc rows of the same projection."""
         hc = self.hc
         s = torch.cat([scale[0:1].expand(hc), scale[1:2].expand(hc), scale[2:3].expand(hc * hc)])
-        z = rms_mix(h, fn, self.norm_eps) * s + base
-        pre = torch.sigmoid(z[:, :hc]) + self.hc_eps
-        post = 2 * torch.sigmoid(z[:, hc : 2 * hc])
-        comb = torch.softmax(z[:, 2 * hc :].view(-1, hc, hc), -1) + self.hc_eps
-        return pre, post, sinkhorn(comb, self.iters, self.hc_eps).transpose(1, 2)
+        post, comb_t, _ = hc_pre(h, fn, base, s, self.iters, self.hc_eps, self.norm_eps)
+        z = rms_mix(h, fn[:hc], self.norm_eps) * scale[0] + base[:hc]
+        return torch.sigmoid(z) + self.hc_eps, post, comb_t
 
 
 class V41Block(nn.Module):
