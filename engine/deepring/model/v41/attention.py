@@ -196,7 +196,7 @@ class V41Attention(nn.Module):
         out = apply_rope_torch(out, cos, sin, inverse=True)
         grouped = out.reshape(out.shape[0], self.groups, -1)
         w = self.wo_a.weight.view(self.groups, -1, grouped.shape[-1])
-        mixed = torch.einsum("tgi,goi->tgo", grouped, w)
+        mixed = torch.bmm(grouped.transpose(0, 1), w.transpose(1, 2)).transpose(0, 1)
         return self.wo_b(mixed.reshape(out.shape[0], -1))
 
     # ---- the KV source's compressor --------------------------------------------------------
@@ -270,8 +270,8 @@ class V41Attention(nn.Module):
             _, keys = self._entries(batch, share, s)
             pos = lay.positions[off : off + n]
             n_vis = visible_entries(pos, self.ratio)
-            logits = torch.relu(torch.einsum("nhd,md->nhm", q[off : off + n].float(), keys.float()))
-            scores = torch.einsum("nhm,nh->nm", logits, head_w[off : off + n])
+            logits = torch.relu(torch.matmul(q[off : off + n].float(), keys.float().T))  # [n, h, m]
+            scores = torch.bmm(head_w[off : off + n].unsqueeze(1), logits).squeeze(1)  # [n, m]
             ok = torch.arange(keys.shape[0], device=pos.device)[None] < n_vis[:, None]
             scores = scores.masked_fill(~ok, float("-inf"))
             if is_cand_src:
@@ -313,7 +313,7 @@ class V41Attention(nn.Module):
             kpos = torch.cat([past, lay.positions[off : off + n]])
             pos = lay.positions[off : off + n]
             qs = q[off : off + n]
-            logit = torch.einsum("nhd,md->nhm", qs, keys) * scale
+            logit = torch.matmul(qs, keys.T) * scale  # [n, h, m]
             see = (kpos[None] <= pos[:, None]) & (kpos[None] > pos[:, None] - w)
             see &= kpos[None] >= floor
             logit = logit.masked_fill(~see[:, None], float("-inf"))
@@ -322,15 +322,15 @@ class V41Attention(nn.Module):
                 main, _ = self._entries(batch, share, s)
                 sel = topk[s]
                 ent = main[sel.clamp(min=0)].to(qs.dtype)  # [n, k, hd] (FP4 pages: fp32)
-                cl = torch.einsum("nhd,nkd->nhk", qs, ent) * scale
+                cl = torch.bmm(qs, ent.transpose(1, 2)) * scale  # [n, h, k]
                 cl = cl.masked_fill((sel < 0)[:, None], float("-inf"))
                 parts.append(cl)
                 values = ent
             sink = self.attn_sink.to(logit.dtype).view(1, -1, 1).expand(n, -1, 1)
             probs = torch.softmax(torch.cat([*parts, sink], -1).float(), -1).to(qs.dtype)
-            o = torch.einsum("nhm,md->nhd", probs[..., : keys.shape[0]], keys)
+            o = torch.matmul(probs[..., : keys.shape[0]], keys)  # [n, h, d]
             if values is not None:
-                o = o + torch.einsum("nhk,nkd->nhd", probs[..., keys.shape[0] : -1], values)
+                o = o + torch.bmm(probs[..., keys.shape[0] : -1], values)
             out[off : off + n] = o
             # The ring keeps each request's last ring_len window keys (read above first: a
             # long chunk overwrites slots its own first rows still needed).
