@@ -299,6 +299,8 @@ class V41Attention(nn.Module):
         share: StepShare,
     ) -> torch.Tensor:
         lay, w = batch.layout, self.window
+        if batch.is_decode and share.floors is None and lay.window_floors is None:
+            return self._attend_decode(q, kv, topk, batch, cache, share)
         ring = cache.ring
         ring_len = ring.shape[1]
         scale = self.hd**-0.5
@@ -337,4 +339,46 @@ class V41Attention(nn.Module):
             keep = range(max(start, start + n - ring_len), start + n)
             idx = torch.tensor(list(keep), device=q.device)
             ring[slot, idx % ring_len] = kv[off + idx - start].to(ring.dtype)
+        return out
+
+    def _attend_decode(
+        self,
+        q: torch.Tensor,
+        kv: torch.Tensor,
+        topk: list[torch.Tensor] | None,
+        batch: ForwardBatch,
+        cache: LayerCache,
+        share: StepShare,
+    ) -> torch.Tensor:
+        """_attend for a step of one row per request, every request at once: the same keys
+        (the ring's last window - 1 positions and the row's own; the selected entries, read
+        from the KV source's pages by their ids) and the same softmax."""
+        lay, w, ring = batch.layout, self.window, cache.ring
+        ring_len = ring.shape[1]
+        scale = self.hd**-0.5
+        pos, slots = lay.positions, lay.slots
+        past = pos[:, None] + torch.arange(1 - w, 0, device=q.device)[None]  # [S, w - 1]
+        ringk = ring[slots[:, None], past.clamp(min=0) % ring_len].to(kv.dtype)
+        keys = torch.cat([ringk, kv[:, None]], 1)  # [S, w, d]
+        logit = torch.bmm(q, keys.transpose(1, 2)) * scale  # [S, h, w]
+        seen = torch.cat([past >= 0, torch.ones_like(past[:, :1], dtype=torch.bool)], 1)
+        parts, ent = [logit.masked_fill(~seen[:, None], float("-inf"))], None
+        if topk is not None and max(t.shape[1] for t in topk):
+            width = max(t.shape[1] for t in topk)
+            sel = torch.cat([F.pad(t, (0, width - t.shape[1]), value=-1) for t in topk])
+            c, r = self.config, self.ratio
+            epb = batch.block_size // r
+            ids = sel.clamp(min=0)
+            blocks = lay.block_tables.gather(1, ids * r // batch.block_size)
+            pages = share.caches[c.kv_source(self.layer)].comp
+            flat = (blocks * epb + ids % epb).view(-1)
+            ent = share.codec.load_main(pages, flat).view(*sel.shape, -1).to(q.dtype)
+            cl = torch.bmm(q, ent.transpose(1, 2)) * scale  # [S, h, k]
+            parts.append(cl.masked_fill((sel < 0)[:, None], float("-inf")))
+        sink = self.attn_sink.to(logit.dtype).view(1, -1, 1).expand(q.shape[0], -1, 1)
+        probs = torch.softmax(torch.cat([*parts, sink], -1).float(), -1).to(q.dtype)
+        out = torch.bmm(probs[..., :w], keys)
+        if ent is not None:
+            out = out + torch.bmm(probs[..., w:-1], ent)
+        ring[slots, pos % ring_len] = kv.to(ring.dtype)
         return out
