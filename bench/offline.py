@@ -6,11 +6,18 @@ generated tokens per request, at each batch size; tokens/s = generated tokens / 
 at batch 32). Also the KV-cache bytes per token of the real DeepSeek-V4-Flash config against a
 plain full-attention cache.
 
+--model v41-tiny: the embedded V4.1 against the V4 `tiny` of the same width (hidden 128, 4
+heads of 64) on the same prompts: tokens/s at each batch size, prefill time per prompt token
+and the layer rows a prompt token costs (V4.1's decoder runs only on the last KEEP tokens: on
+long prompts prefill is the encoder alone, about half the layers), and the KV bytes per token of
+both (paged global KV and per-request state). No transformers twin exists for V4.1.
+
 --gpu: a mid-size V4 config with dummy weights on CUDA; decode step time at a few batch sizes
 against the HBM-bandwidth roofline (bytes that must be read per step / bandwidth).
 
 Prints a table and writes bench/out/offline.png (and offline-gpu.png).
 Usage: python bench/offline.py [--batch-sizes 1,32] [--threads N] [--dtype float32] [--gpu]
+       python bench/offline.py --model v41-tiny [--batch-sizes 1,32]
 """
 
 from __future__ import annotations
@@ -96,6 +103,71 @@ def bench_cpu(args) -> list[dict]:
         rows.append(row)
         print(_fmt_row(row), flush=True)
     return rows
+
+
+def bench_v41(args) -> None:
+    """v41-tiny against tiny: throughput, prefill cost per prompt token, KV bytes per token."""
+    from deepring import LLM, SamplingParams
+
+    gen = torch.Generator().manual_seed(0)
+    prompts = {b: torch.randint(3, 120000, (b, args.prompt_len), generator=gen).tolist()
+               for b in args.batch_sizes}  # fmt: skip
+    params = SamplingParams(temperature=0, max_tokens=args.new_tokens, ignore_eos=True)
+    first = SamplingParams(temperature=0, max_tokens=1, ignore_eos=True)
+    results = {}
+    for name in ("tiny", "v41-tiny"):
+        llm = LLM(
+            name, dtype=args.dtype, device="cpu", max_num_seqs=max(args.batch_sizes),
+            max_num_batched_tokens=args.max_batched_tokens,
+            max_model_len=args.prompt_len + args.new_tokens + 8,
+        )  # fmt: skip
+        llm.engine.prefix = None  # every run computes its prompt (no prefix-cache hits)
+        llm.engine.scheduler.prefix = None
+        llm.generate([prompts[args.batch_sizes[0]][0][:16]], first)  # warm up
+        row = {}
+        for b in args.batch_sizes:
+            best = math.inf
+            for _ in range(args.repeats):
+                t0 = time.perf_counter()
+                llm.generate(prompts[b], params)
+                best = min(best, time.perf_counter() - t0)
+            row[b] = b * args.new_tokens / best
+            print(f"  {name} batch {b}: {row[b]:.1f} tok/s", flush=True)
+        t0 = time.perf_counter()
+        llm.generate(prompts[args.batch_sizes[0]][:1], first)  # prefill and one token
+        row["prefill_us"] = (time.perf_counter() - t0) / args.prompt_len * 1e6
+        cfg = llm.config
+        n = args.prompt_len
+        if name == "v41-tiny":
+            keep = llm.model.decoder_keep or n
+            layers = cfg.boundary + (cfg.num_hidden_layers - cfg.boundary) * min(n, keep) / n
+        else:
+            layers = cfg.num_hidden_layers
+        row["layer_rows"] = layers
+        row["layers"] = cfg.num_hidden_layers
+        row["paged_bpt"], row["state"] = _kv_bytes(cfg.cache_layout(torch.bfloat16))
+        if name == "v41-tiny":
+            row["paged_fp4"] = _kv_bytes(cfg.cache_layout(torch.bfloat16, fp4=True))[0]
+        results[name] = row
+    print(f"\n{'':24}{'tiny (V4)':>16}{'v41-tiny':>16}")
+    for b in args.batch_sizes:
+        t, v = results["tiny"][b], results["v41-tiny"][b]
+        print(f"{f'tokens/s, batch {b}':24}{t:16.1f}{v:16.1f}   ratio {v / t:.2f}x")
+    t, v = results["tiny"], results["v41-tiny"]
+    print(f"{'prefill us / prompt tok':24}{t['prefill_us']:16.1f}{v['prefill_us']:16.1f}")
+    print(f"{'layers / prompt token':24}{t['layer_rows']:16.2f}{v['layer_rows']:16.2f}"
+          f"   of {t['layers']} / {v['layers']} layers")  # fmt: skip
+    print(f"{'paged KV B/token (bf16)':24}{t['paged_bpt']:16.1f}{v['paged_bpt']:16.1f}")
+    print(f"{'paged KV B/token (FP4)':24}{'-':>16}{v['paged_fp4']:16.1f}")
+    print(f"{'state B/request (bf16)':24}{t['state']:16,}{v['state']:16,}")
+
+
+def _kv_bytes(layout) -> tuple[float, int]:
+    """Paged (global) KV bytes per token and per-request state bytes of a cache layout."""
+    from deepring.cache.pool import CacheConfig, KVCachePool
+
+    pool = KVCachePool(layout, CacheConfig(num_blocks=1, num_slots=1, block_size=128))
+    return pool.bytes_per_block() / 128, pool.bytes_per_slot()
 
 
 def _fmt_row(r: dict) -> str:
@@ -281,6 +353,8 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=1)
     p.add_argument("--skip-hf", action="store_true", help="only time DeepRing")
     p.add_argument("--gpu", action="store_true", help="mid-size config on CUDA vs HBM roofline")
+    p.add_argument("--model", default="tiny", choices=["tiny", "v41-tiny"],
+                   help="v41-tiny: the V4.1 against tiny (same width)")  # fmt: skip
     p.add_argument("--gpu-context", type=int, default=4096, help="tokens of context per request")
     p.add_argument("--gpu-layers", type=int, default=12)
     p.add_argument("--gpu-experts", type=int, default=64)
@@ -291,6 +365,13 @@ def main() -> None:
     torch.set_flush_denormal(True)
     if args.threads:
         torch.set_num_threads(args.threads)
+    if args.model == "v41-tiny":
+        print(
+            f"v41-tiny vs tiny, CPU x{torch.get_num_threads()} threads, {args.dtype}, greedy, "
+            f"{args.prompt_len}-token prompts, {args.new_tokens} new tokens"
+        )
+        bench_v41(args)
+        return
     if args.gpu:
         rows = bench_gpu(args)
         plot(rows, OUT / "offline-gpu.png", gpu=True)

@@ -85,8 +85,9 @@ def _add_generate(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--model",
         default="tiny",
-        help="model path or an embedded model: 'tiny' (the default, random weights) or "
-        "'tiny-trained' (trained on the Python standard library)",
+        help="model path or an embedded model: 'tiny' (the default, random weights), "
+        "'tiny-trained' (trained on the Python standard library) or 'v41-tiny' (a DeepSeek "
+        "V4.1, random weights)",
     )
     for flags, kind, text in [
         (("-p", "--prompt"), "text", "a text prompt (repeatable)"),

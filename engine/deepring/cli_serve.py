@@ -28,8 +28,9 @@ def _add_engine_args(p: argparse.ArgumentParser, max_num_seqs: int = 64) -> None
     g.add_argument(
         "--model",
         default="tiny",
-        help="model path or an embedded model: 'tiny' (the default, random weights) or "
-        "'tiny-trained' (trained on the Python standard library)",
+        help="model path or an embedded model: 'tiny' (the default, random weights), "
+        "'tiny-trained' (trained on the Python standard library) or 'v41-tiny' (a DeepSeek "
+        "V4.1, random weights)",
     )
     g.add_argument(
         "--zero-cost",

@@ -45,6 +45,28 @@ def _choice(name: str, choices: tuple[str, ...]) -> str:
     return value
 
 
+def v41_keep() -> int:
+    """DEEPRING_V41_KEEP: DeepSeek V4.1's decoder SWA bounded replay, the prompt tokens (the
+    last ones) the decoder layers compute at prefill (default 140, DeepInfer's V4.1 setting;
+    0: every token). Must be >= the sliding window + the ring's backtrack slots."""
+    value = _raw("DEEPRING_V41_KEEP")
+    if value is None:
+        return 140
+    try:
+        keep = int(value)
+    except ValueError:
+        raise ValueError(f"DEEPRING_V41_KEEP must be an integer, got {value!r}") from None
+    if keep < 0:
+        raise ValueError(f"DEEPRING_V41_KEEP must be >= 0, got {keep}")
+    return keep
+
+
+def v41_kv_cache() -> str:
+    """DEEPRING_V41_KV_CACHE: how DeepSeek V4.1's main KV and indexer keys are stored: plain
+    (the cache dtype, the default) | fp4 (E2M1 with E4M3 scales per 16 / E8M0 per 32)."""
+    return _choice("DEEPRING_V41_KV_CACHE", ("plain", "fp4"))
+
+
 def kernel_backend() -> str:
     """DEEPRING_KERNELS: auto (Triton on CUDA tensors, numba or torch on CPU) | torch | numba |
     triton (see kernels.dispatch)."""

@@ -55,7 +55,10 @@ def test_unknown_subcommand_is_rejected(capsys):
         (["serve", "--max-model-len", "1"], "max_model_len"),
         (["frontend", "--ring", "localhost:5555"], "ZeroMQ endpoint"),
         (["decode", "--frontend", "tcp://h:1", "--handoff-bind", "nope"], "ZeroMQ endpoint"),
-        (["serve", "--model", "/no/such/model"], "(tiny, tiny-trained) nor a checkpoint directory"),
+        (
+            ["serve", "--model", "/no/such/model"],
+            "(tiny, tiny-trained, v41-tiny) nor a checkpoint directory",
+        ),
         (["prefill", "--frontend", "tcp://h:1", "--model", "/no/such"], "checkpoint directory"),
         (["serve", "--served-model-name", "a", "a"], "duplicate served model names"),
         (["prefill", "--frontend", "ipc:///a", "--frontend", "ipc:///a"], "listed twice"),

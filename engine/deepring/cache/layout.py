@@ -10,6 +10,11 @@ Per layer (V4):
   per `ratio` tokens, and a compressor tail: the projected rows of positions whose window is not
   complete yet. CSA windows overlap, so its tail holds 2 x ratio rows of twice the width;
 - a CSA layer also keeps the lightning indexer's paged keys (`index_head_dim`) and its tail.
+
+V4.1 (model.v41) adds CSA2, the kind of its KV-source layers: paged main-KV entries (ratio 2 or
+1, windows never overlap), paged indexer keys (projected from the main entries, so the indexer
+has no tail of its own) and, at ratio 2, a compressor tail of `ratio` rows. Its other layers are
+SLIDING here: they read a source's pages and keep only their own ring.
 """
 
 from __future__ import annotations
@@ -25,7 +30,8 @@ if TYPE_CHECKING:
 SLIDING = "sliding"
 CSA = "csa"
 HCA = "hca"
-KINDS = (SLIDING, CSA, HCA)
+CSA2 = "csa2"
+KINDS = (SLIDING, CSA, HCA, CSA2)
 
 
 def block_multiple(ratios: Iterable[int]) -> int:
@@ -43,14 +49,19 @@ class LayerLayout:
     ratio: int  # tokens per compressed entry (0: sliding only)
     head_dim: int  # width of the ring's and the paged cache's vectors
     index_head_dim: int = 0  # CSA: width of the indexer's keys
+    # CSA2 only: main entries and indexer keys stored FP4 (bytes: values and group scales,
+    # model.v41.kvquant), whatever the layout's dtype.
+    fp4: bool = False
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
             raise ValueError(f"layer kind must be one of {KINDS}, got {self.kind!r}")
         if (self.kind == SLIDING) != (self.ratio == 0) or self.ratio < 0:
             raise ValueError(f"a {self.kind} layer cannot have compress ratio {self.ratio}")
-        if self.head_dim < 1 or (self.kind == CSA) != (self.index_head_dim > 0):
+        if self.head_dim < 1 or (self.kind in (CSA, CSA2)) != (self.index_head_dim > 0):
             raise ValueError(f"bad widths for a {self.kind} layer")
+        if self.fp4 and (self.kind != CSA2 or self.head_dim % 16 or self.index_head_dim % 32):
+            raise ValueError("FP4 entries need a CSA2 layer, head_dim % 16 and index % 32")
 
     @property
     def compressed(self) -> bool:
@@ -72,6 +83,27 @@ class LayerLayout:
     @property
     def index_tail_width(self) -> int:
         return 2 * self.index_head_dim
+
+    @property
+    def has_tail(self) -> bool:
+        """Whether positions can wait for their window (a ratio-1 CSA2 layer never waits)."""
+        return self.compressed and not (self.kind == CSA2 and self.ratio == 1)
+
+    @property
+    def page_width(self) -> int:
+        """Elements per paged main entry (bytes when FP4: values + one E4M3 scale per 16)."""
+        return self.head_dim // 2 + self.head_dim // 16 if self.fp4 else self.head_dim
+
+    @property
+    def index_page_width(self) -> int:
+        """Elements per paged indexer key (bytes when FP4: values + one E8M0 scale per 32)."""
+        d = self.index_head_dim
+        return d // 2 + d // 32 if self.fp4 else d
+
+    @property
+    def has_index_tail(self) -> bool:
+        """V4's indexer has a compressor of its own; CSA2's keys come from the main entries."""
+        return self.kind == CSA
 
 
 @dataclass(frozen=True)
@@ -95,6 +127,8 @@ class CacheLayout:
     def describe(self) -> str:
         """A stable text naming every layer's kind and widths and the dtype (fingerprints)."""
         parts = [
-            f"{lay.kind}:{lay.ratio}:{lay.head_dim}:{lay.index_head_dim}" for lay in self.layers
+            f"{lay.kind}:{lay.ratio}:{lay.head_dim}:{lay.index_head_dim}"
+            + (":fp4" if lay.fp4 else "")
+            for lay in self.layers
         ]
         return f"w{self.window}/{str(self.dtype).replace('torch.', '')}/" + ",".join(parts)

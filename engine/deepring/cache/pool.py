@@ -92,14 +92,16 @@ class KVCachePool:
             lc = LayerCache(
                 ring=ring,
                 ratio=lay.ratio,
-                comp=self._zeros(cache.num_blocks, epb, lay.head_dim),
-                tail_kv=self._zeros(*tail),
-                tail_gate=self._zeros(*tail),
+                comp=self._zeros(cache.num_blocks, epb, lay.page_width, fp4=lay.fp4),
+                tail_kv=self._zeros(*tail) if lay.has_tail else None,
+                tail_gate=self._zeros(*tail) if lay.has_tail else None,
             )
             if lay.overlap:
                 lc.edge_kv = self._zeros(cache.num_blocks, lay.ratio, lay.head_dim)
                 lc.edge_gate = self._zeros(cache.num_blocks, lay.ratio, lay.head_dim)
-            if lay.index_head_dim:
+            if lay.index_head_dim and not lay.has_index_tail:  # CSA2: keys only
+                lc.index = self._zeros(cache.num_blocks, epb, lay.index_page_width, fp4=lay.fp4)
+            elif lay.index_head_dim:
                 lc.index_edge_kv = self._zeros(cache.num_blocks, lay.ratio, lay.index_head_dim)
                 lc.index_edge_gate = self._zeros(cache.num_blocks, lay.ratio, lay.index_head_dim)
                 index_tail = (cache.num_slots, lay.tail_len, lay.index_tail_width)
@@ -108,8 +110,9 @@ class KVCachePool:
                 lc.index_tail_gate = self._zeros(*index_tail)
             self.layers.append(lc)
 
-    def _zeros(self, *shape: int) -> torch.Tensor:
-        return torch.zeros(*shape, dtype=self.dtype, device=self.device)
+    def _zeros(self, *shape: int, fp4: bool = False) -> torch.Tensor:
+        dtype = torch.uint8 if fp4 else self.dtype  # FP4 pages are bytes (model.v41.kvquant)
+        return torch.zeros(*shape, dtype=dtype, device=self.device)
 
     def slot_tensors(self) -> list[torch.Tensor]:
         """Every tensor indexed by slot (first axis), in serialisation order."""

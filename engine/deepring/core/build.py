@@ -21,6 +21,7 @@ from deepring.core.scheduler import SchedulerConfig
 from deepring.core.zero_cost import ZeroCostRunner, text_token_ids
 from deepring.cost.presets import prior_for
 from deepring.model.config import ModelConfig
+from deepring.model.embedded import RANDOM
 from deepring.model.model import DeepseekV4
 
 log = logging.getLogger("deepring.cache")
@@ -99,6 +100,7 @@ def build_engine(spec: EngineSpec, *, progress: bool = False, loaded=None) -> Bu
         elif spec.kv_cache_memory is not None:
             cache = _sized_by_memory(cache, layout, spec, spec.kv_cache_memory)
         runner = ModelRunner(model, KVCachePool(layout, cache, device))
+        log.info("KV cache: %s", kv_bytes_line(layout, cache.block_size))
     engine = EngineCore(
         runner,
         cache,
@@ -130,8 +132,21 @@ def build_engine(spec: EngineSpec, *, progress: bool = False, loaded=None) -> Bu
             from deepring.cache.store import Sweeper
 
             prefix.sweeper = Sweeper(store, SWEEP_INTERVAL_S).start()
-    random_weights = spec.model == "tiny" or spec.load_format == "dummy"
+    random_weights = spec.model in RANDOM or spec.load_format == "dummy"
     return BuiltEngine(engine, config, path, model, random_weights)
+
+
+def kv_bytes_line(layout, block_size: int) -> str:
+    """The cache's bytes per token, said at start: the paged (global) KV over every layer, and
+    the per-request state (rings, tails)."""
+    probe = KVCachePool(layout, CacheConfig(num_blocks=1, num_slots=1, block_size=block_size))
+    paged = probe.bytes_per_block() / block_size
+    fp4 = any(lay.fp4 for lay in layout.layers)
+    kind = "FP4 main KV + indexer keys" if fp4 else str(layout.dtype).replace("torch.", "")
+    return (
+        f"{paged:g} B/token of global KV ({kind}), {probe.bytes_per_slot()} B of window rings "
+        "and tails per request"
+    )
 
 
 def free_memory(device: torch.device) -> int:

@@ -124,6 +124,9 @@ class EngineCore:
             self.pool, self.blocks, config, identity=identity, num_layers=num_layers, store=store,
             clock=clock,
         )  # fmt: skip
+        # V4.1's decoder replay: a hit past the prompt's last KEEP tokens restarts there.
+        self.prefix.decoder_keep = int(getattr(getattr(self.runner, "model", None),
+                                               "decoder_keep", 0))  # fmt: skip
         self.scheduler.prefix = self.prefix
         self.scheduler.window = self.pool.layout.window
         return self.prefix

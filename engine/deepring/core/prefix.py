@@ -122,6 +122,9 @@ class PrefixCache:
         self._writes: list[tuple[bytes, bytes, float]] = []
         self._pending_writes = 0
         self.sweeper = None  # the store's expiry sweeper (cache.store.Sweeper), if one runs
+        # V4.1 decoder SWA bounded replay (EngineCore sets it): the decoder computes a prompt's
+        # last KEEP tokens from the encoder's outputs, which no tier keeps; 0 = off.
+        self.decoder_keep = 0
 
     # ---- arrival: keys and read-ahead --------------------------------------------------------
 
@@ -257,12 +260,15 @@ class PrefixCache:
         # The compressor tails come from the edges of the block ending at the hit (the ring
         # snapshot holds only the rings: the tail rows a later entry reads are exactly those).
         self._edges_to_tail(taken[-1], hit, slot)
-        if ring is not None:
+        lo = max(0, req.num_tokens - self.decoder_keep) if self.decoder_keep else hit
+        if ring is not None and hit <= lo:
             self.stats["ring_hits"] += 1
             req.num_cached = hit
             return
         self.stats["ring_misses"] += 1
-        start = max(0, hit - self.replay_tokens)
+        # Without a ring, or (V4.1) when the decoder's rows start before the hit: the encoder
+        # replays from there with a fresh window (its entries before the hit stay cached).
+        start = min(max(0, hit - self.replay_tokens), lo)
         self.stats["replayed_tokens"] += hit - start
         req.num_cached = req.window_floor = start
 

@@ -35,6 +35,15 @@ class ModelRunner:
         self.block_size = pool.cache.block_size
         self.window = pool.layout.window
         self.masks = None  # structured.runtime.TokenMasks, made for the first constrained step
+        # Tokens before a chunk the model reads (V4.1's Engram n-grams; 0 for V4).
+        self.context = int(getattr(model, "token_context", 0))
+        # V4.1: the decoder computes only each prompt's last `keep` tokens (0: every token).
+        self.keep = int(getattr(model, "decoder_keep", 0))
+        if self.keep and self.keep < pool.ring_len:
+            raise ValueError(
+                f"DEEPRING_V41_KEEP = {self.keep} is below the window ring ({pool.ring_len} = "
+                "sliding window + backtrack): decoding would read ring slots never computed"
+            )
 
     def step(self, scheduled: list[Scheduled]) -> list[int | None]:
         """Feed each request its chunk; returns the sampled token of every request whose chunk
@@ -57,6 +66,10 @@ class ModelRunner:
                     if r.num_cached < r.window_floor + self.window - 1
                     else 0,
                     compress_from=r.compress_from,
+                    context=r.tokens(max(0, r.num_cached - self.context), r.num_cached)
+                    if self.context
+                    else [],
+                    decoder_from=max(0, r.num_tokens - self.keep) if self.keep else 0,
                 )
             )
         batch = ForwardBatch.build(

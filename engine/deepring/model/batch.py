@@ -38,6 +38,12 @@ class SeqChunk:
     # edges in the cache (a prefix hit): their rows pool no entry and write no tail or edge
     # (the blocks holding them are shared, and must never be rewritten).
     compress_from: int = 0
+    # The tokens just before `start` (the last of them; V4.1's Engram reads up to
+    # model.token_context of them). V4 never reads it.
+    context: list[int] = field(default_factory=list)
+    # V4.1's decoder SWA bounded replay: the first position the decoder layers compute (the
+    # prompt's last KEEP tokens; rows before it stop at the encoder). V4 never reads it.
+    decoder_from: int = 0
 
 
 @dataclass

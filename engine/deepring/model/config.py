@@ -201,11 +201,18 @@ class ModelConfig:
 
     @classmethod
     def from_hf_dict(cls, d: dict[str, Any]) -> ModelConfig:
+        if d.get("model_type") == "deepseek_v41":  # V4.1: its own config (model.v41)
+            from deepring.model.v41.config import V41Config
+
+            return V41Config.from_hf_dict(d)  # type: ignore[return-value]
         if "text_config" in d and "hidden_size" not in d:
             d = d["text_config"]
         mt = d.get("model_type")
         if mt is not None and mt != MODEL_TYPE:
-            raise ValueError(f"unsupported model_type {mt!r}: this engine implements {MODEL_TYPE}")
+            raise ValueError(
+                f"unsupported model_type {mt!r}: this engine implements {MODEL_TYPE} and "
+                "deepseek_v41"
+            )
         try:
             n = int(d["num_hidden_layers"])
             head_dim = int(d["head_dim"])

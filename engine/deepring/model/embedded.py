@@ -2,7 +2,8 @@
 
 `tiny` has seeded random weights (its output is gibberish, and the server says so); `tiny-trained`
 is the same architecture trained on the Python standard library, with a DSpark drafter
-(model.tiny_trained). Both are assembled into a checkpoint directory on first use. Torch-free
+(model.tiny_trained). `v41-tiny` is a DeepSeek V4.1 of tiny's width with random weights
+(model.v41.tiny). All are assembled into a checkpoint directory on first use. Torch-free
 until a directory is asked for, so the command line can check a --model name cheaply.
 """
 
@@ -10,8 +11,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-EMBEDDED = ("tiny", "tiny-trained")
-RANDOM = ("tiny",)  # embedded models whose weights are random
+EMBEDDED = ("tiny", "tiny-trained", "v41-tiny")
+RANDOM = ("tiny", "v41-tiny")  # embedded models whose weights are random
 
 
 def is_embedded(model: str | Path) -> bool:
@@ -24,6 +25,10 @@ def embedded_dir(name: str) -> Path:
         from deepring.model.tiny import tiny_model_dir
 
         return tiny_model_dir()
+    if name == "v41-tiny":
+        from deepring.model.v41.tiny import v41_tiny_model_dir
+
+        return v41_tiny_model_dir()
     if name == "tiny-trained":
         from deepring.model.tiny_trained import tiny_trained_model_dir
 

@@ -64,13 +64,15 @@ def load_model(
         raise ValueError(f"load_format must be one of {LOAD_FORMATS}, got {load_format!r}")
     device = torch.device(device)
     path = None
-    if isinstance(model, ModelConfig):
+    if isinstance(model, ModelConfig) or getattr(model, "model_type", None) == "deepseek_v41":
         if load_format != "dummy":
             raise ValueError("a bare ModelConfig has no weights: use load_format='dummy'")
         config = model
     else:
         path = resolve_model_path(model)
         config = ModelConfig.from_pretrained(path)
+    if getattr(config, "model_type", None) == "deepseek_v41":
+        return _load_v41(config, path, load_format, seed, dtype, device, progress)
     with torch.device("meta"):
         net = DeepseekV4(config)
     net.to_empty(device="cpu")
@@ -91,4 +93,25 @@ def load_model(
     net.prepare_greedy_head()
     if device.type == "cpu" and net.dtype == torch.float32:
         warm_up_cpu_kernels()
+    return LoadedModel(model=net, config=config, path=path)
+
+
+def _load_v41(config, path, load_format, seed, dtype, device, progress) -> LoadedModel:
+    """load_model for a DeepSeek V4.1 config (model.v41)."""
+    from deepring.model.v41.model import DeepseekV41
+    from deepring.model.v41.weights import cast_for_inference as cast41
+    from deepring.model.v41.weights import init_dummy_v41, load_v41_checkpoint
+
+    net = DeepseekV41(config, tokenizer=path / "tokenizer.json" if path is not None else None)
+    if load_format == "dummy":
+        init_dummy_v41(net, seed)
+    elif not load_v41_checkpoint(net, path, progress=progress) and len(net.mtp):
+        net.mtp = nn.ModuleList()  # no DSpark tensors: run without the drafter
+        config = dataclasses.replace(config, dspark=None, num_nextn_predict_layers=0)
+        net.config = config
+    cast41(net, resolve_dtype(dtype, device))
+    net.to(device)
+    net.eval()
+    net.requires_grad_(False)
+    net.prepare_greedy_head()
     return LoadedModel(model=net, config=config, path=path)

@@ -1,0 +1,227 @@
+"""The DeepSeek V4.1 causal LM over the serving caches (same step interface as DeepseekV4).
+
+Parameter names are the official checkpoint's (`layers.N.attn.wq_a.weight`, `embed.weight`,
+`head.weight`, `layers.N.ffn.experts.E.w1.weight`, `mtp.N.main_proj.weight`, ...), so an export
+in that naming loads name for name (model.v41.weights).
+
+DSpark: the drafter's stages (`mtp.0..`: sliding-window blocks with their own smaller MoE; the
+first owns `main_proj` / `main_norm`, the last the output `norm`, `markov_head` and
+`confidence_head`) are built and loaded so the speculative-decoding work has them; this engine
+does not draft with them yet and allocates them no cache.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from deepring import env
+from deepring.cache.pool import KVCachePool
+from deepring.kernels.greedy_head import GreedyArgmax
+from deepring.kernels.hyper import collapse
+from deepring.model.batch import ForwardBatch
+from deepring.model.model import StepOutput
+from deepring.model.norm import RMSNorm, linear
+from deepring.model.rope import RopeTables
+from deepring.model.v41.attention import StepShare, V41Attention
+from deepring.model.v41.config import V41Config
+from deepring.model.v41.kvquant import KVCodec
+from deepring.model.v41.layer import V41Block, V41MoE
+from deepring.model.v41.vocab import compressed_vocabulary
+
+
+class MarkovHead(nn.Module):
+    def __init__(self, vocab: int, rank: int) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(vocab, rank)  # the previous token -> rank
+        self.head = nn.Embedding(vocab, rank)  # rank -> vocab bias (weight [vocab, rank])
+
+
+class DSparkStage(V41Block):
+    def __init__(self, config: V41Config, index: int) -> None:
+        c, ds = config, config.dspark
+        layer = c.num_hidden_layers + index
+        super().__init__(
+            c,
+            layer,
+            attn=V41Attention(c, layer, window_only=True),
+            moe=V41MoE(c, ds.n_routed_experts, ds.num_experts_per_tok),
+        )
+        d = c.hidden_size
+        if index == 0:
+            self.main_proj = linear(len(ds.target_layer_ids) * d, d)
+            self.main_norm = RMSNorm(d, c.rms_norm_eps)
+        if index == ds.num_stages - 1:
+            self.norm = RMSNorm(d, c.rms_norm_eps)
+            self.markov_head = MarkovHead(c.vocab_size, ds.markov_rank)
+            self.confidence_head = nn.Module()
+            self.confidence_head.proj = linear(d + ds.markov_rank, 1)
+
+
+class DeepseekV41(nn.Module):
+    def __init__(self, config: V41Config, tokenizer: str | Path | None = None) -> None:
+        """tokenizer: the checkpoint's tokenizer.json, needed when Engram compresses the
+        vocabulary (model.v41.vocab)."""
+        super().__init__()
+        if not config.hc_shifted:
+            raise ValueError("hc_shifted = false (an HC head) is not implemented for V4.1")
+        self.config = config
+        lookup = None
+        if config.engram is not None and config.engram.compressed_vocab_size:
+            if tokenizer is None or not Path(tokenizer).is_file():
+                raise ValueError(
+                    "this V4.1 config compresses Engram's vocabulary "
+                    f"(engram_compressed_vocab_size): no tokenizer.json at {tokenizer}"
+                )
+            lookup = torch.tensor(compressed_vocabulary(tokenizer), dtype=torch.long)
+        self.embed = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(
+            V41Block(config, i, lookup=lookup) for i in range(config.num_hidden_layers)
+        )
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.head = linear(config.hidden_size, config.vocab_size)
+        stages = config.dspark.num_stages if config.dspark is not None else 0
+        self.mtp = nn.ModuleList(DSparkStage(config, i) for i in range(stages))
+        self.codec = KVCodec(config.head_dim, config.index_head_dim)
+        # Decoder SWA bounded replay: prompt tokens the decoder computes (the runner turns it
+        # into SeqChunk.decoder_from; 0 = every token).
+        self.decoder_keep = env.v41_keep()
+        self._rope: RopeTables | None = None
+        self._greedy = GreedyArgmax()
+
+    # How many tokens before a chunk's start the forward reads (SeqChunk.context): Engram's
+    # longest n-gram reaches max_ngram_size - 1 tokens back.
+    @property
+    def token_context(self) -> int:
+        e = self.config.engram
+        return e.max_ngram_size - 1 if e is not None else 0
+
+    def rope_tables(self) -> RopeTables:
+        dev = self.head.weight.device
+        if self._rope is None or self._rope.main.device != dev:
+            self._rope = RopeTables(self.config, dev)
+        return self._rope
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.head.weight.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.head.weight.device
+
+    def logits(self, y: torch.Tensor) -> torch.Tensor:
+        """y: collapsed final hidden rows [R, D] (StepOutput.last)."""
+        return self.head(self.norm(y)).float()
+
+    def logits_for(self, y: torch.Tensor, token_ids: torch.Tensor) -> torch.Tensor:
+        w = self.head.weight.index_select(0, token_ids)
+        return torch.nn.functional.linear(self.norm(y), w).float()
+
+    def prepare_greedy_head(self) -> None:
+        self._greedy.prepare(self.head.weight)
+
+    def greedy_tokens(self, y: torch.Tensor) -> torch.Tensor:
+        return self._greedy(self.norm(y), self.head.weight)
+
+    def ngram_ids(self, batch: ForwardBatch) -> torch.Tensor | None:
+        """[T, max_ngram]: column j holds the token j positions back (the pad id before the
+        sequence), from each chunk's tokens and its `context`."""
+        e = self.config.engram
+        if e is None:
+            return None
+        back = e.max_ngram_size - 1
+        rows = []
+        for c in batch.chunks:
+            need = min(c.start, back)
+            if len(c.context) < need:
+                raise ValueError(
+                    f"a V4.1 chunk starting at {c.start} needs the {need} tokens before it "
+                    f"(SeqChunk.context) for Engram, got {len(c.context)}"
+                )
+            prev = list(c.context[len(c.context) - need :]) if need else []
+            seq = [e.pad_token_id] * (back - need) + prev + list(c.token_ids)
+            t = torch.tensor(seq, dtype=torch.long)
+            # Row i (token i of the chunk) sits at seq[back + i]; column j is j tokens back.
+            rows.append(t.unfold(0, back + 1, 1).flip(-1))
+        return torch.cat(rows)
+
+    def _enter_decoder(self, h, pre, batch: ForwardBatch, pool: KVCachePool, share: StepShare):
+        """At the boundary: the decoder's KV sources pool their main KV from the boundary
+        layer's attention input over every row (CED: the decoder's global KV depends only on
+        the encoder), then the decoder runs on the rows at or after each chunk's decoder_from
+        (bounded replay; their windows start there). Returns the decoder's streams, pre mixes,
+        batch (None: no row left), StepShare and the logits rows in its row numbering."""
+        c = self.config
+        block = self.layers[c.boundary]
+        x = block.attn_norm(collapse(pre, h))
+        share.shared_hidden = x
+        for s in c.kv_source_layer_ids:
+            if s >= c.boundary:
+                self.layers[s].attn.compress(x, batch, pool.layers[s], share)
+        lay = batch.layout
+        skip = [
+            max(0, min(ch.decoder_from - ch.start, n))
+            for ch, n in zip(batch.chunks, lay.lens, strict=True)
+        ]
+        # Nothing to drop and no window reaching below its floor (decode steps: KEEP >= the
+        # window): the decoder runs on the step as it is.
+        w = c.sliding_window
+        if not any(skip) and all(
+            ch.decoder_from <= max(0, ch.start - w + 1) for ch in batch.chunks
+        ):
+            return h, pre, batch, share, batch.logits_rows
+        keep, chunks, floors = [], [], []
+        for ch, off, n, k0 in zip(batch.chunks, lay.offsets, lay.lens, skip, strict=True):
+            if k0 == n:
+                continue
+            keep.extend(range(off + k0, off + n))
+            chunks.append(dataclasses.replace(ch, token_ids=ch.token_ids[k0:], start=ch.start + k0,
+                                              window_floor=0, context=[]))  # fmt: skip
+            floors.append(max(ch.window_floor, ch.decoder_from))
+        where = {r: i for i, r in enumerate(keep)}
+        wanted = batch.logits_rows.tolist()
+        if any(r not in where for r in wanted):
+            raise ValueError("logits asked for a prompt row before decoder_from (bounded replay)")
+        dev = h.device
+        rows = torch.tensor([where[r] for r in wanted], dtype=torch.long, device=dev)
+        if not keep:
+            return h, pre, None, share, rows
+        sub = ForwardBatch.build(chunks, batch.rope_tables, batch.block_size, dev)
+        idx = torch.tensor(keep, dtype=torch.long, device=dev)
+        share = StepShare(caches=share.caches, codec=self.codec, shared_hidden=x[idx],
+                          floors=floors)  # fmt: skip
+        return h[idx], pre[idx], sub, share, rows
+
+    @torch.inference_mode()
+    def forward(
+        self,
+        batch: ForwardBatch,
+        pool: KVCachePool,
+        return_hidden: bool = False,
+        greedy: bool = False,
+    ) -> StepOutput:
+        c = self.config
+        ids = batch.input_ids
+        x = self.embed(ids)
+        h = x.unsqueeze(1).expand(-1, c.hc_mult, -1).contiguous()
+        # Shifted HC: the first sublayer's input is stream 0 (the embedding itself).
+        pre = torch.zeros(h.shape[0], c.hc_mult, dtype=torch.float32, device=h.device)
+        pre[:, 0] = 1.0
+        share = StepShare(caches=pool.layers, codec=self.codec)
+        ngram = self.ngram_ids(batch)
+        rows = batch.logits_rows
+        for i, (layer, cache) in enumerate(zip(self.layers, pool.layers, strict=False)):
+            if i == c.boundary:
+                h, pre, batch, share, rows = self._enter_decoder(h, pre, batch, pool, share)
+                if batch is None:  # no row reaches the decoder (a mid-prompt chunk)
+                    break
+            h, pre = layer(h, pre, ngram, batch, cache, share)
+        y = collapse(pre[rows], h[rows])
+        hidden = h if return_hidden else None
+        if greedy:
+            return StepOutput(logits=None, hidden=hidden, greedy=self.greedy_tokens(y), last=y)
+        return StepOutput(logits=self.logits(y), hidden=hidden)

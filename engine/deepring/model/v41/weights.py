@@ -1,0 +1,113 @@
+"""V4.1 checkpoints in the official tensor naming: loading with full coverage checks, dummy
+weights, saving.
+
+The module tree mirrors the checkpoint (`layers.N.attn.compressor.wkv.weight`,
+`layers.N.ffn.experts.E.w1.weight`, `layers.N.hc_attn_fn`, `layers.N.engram.embed.weight`,
+`mtp.N.markov_head.embed.weight`, ...), so loading is name for name: every tensor the config
+implies must be present once with its shape, and every tensor present must be one the config
+implies; the error names the tensor. FP8 / FP4 tensors (with `.scale` companions) are refused:
+only bf16 / fp32 exports load. DSpark tensors (`mtp.*`) are optional as a group.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from deepring.model.weights import _assign, _iter_tensors, checkpoint_files, save_checkpoint
+
+# Tensors kept in fp32 whatever the compute dtype (HC mixes, sinks, routing biases, norms).
+_FP32_LEAVES = ("attn_sink", "bias", "bias_vl")
+
+
+def keep_fp32(name: str) -> bool:
+    parts = name.split(".")
+    if parts[-1].startswith(("hc_attn_", "hc_ffn_")) or parts[-1] in _FP32_LEAVES:
+        return True
+    return len(parts) >= 2 and parts[-1] == "weight" and parts[-2].endswith("norm")
+
+
+def cast_for_inference(model: nn.Module, dtype: torch.dtype) -> None:
+    for name, p in model.named_parameters():
+        target = torch.float32 if keep_fp32(name) else dtype
+        if p.dtype != target:
+            p.data = p.data.to(target)
+
+
+def load_v41_checkpoint(model: nn.Module, path: str | Path, progress: bool = True) -> bool:
+    """Fill `model` from the safetensors at `path`; returns whether DSpark tensors were there."""
+    path = Path(path)
+    targets = dict(model.named_parameters())
+    seen: set[str] = set()
+    unexpected: list[str] = []
+    for key, tensor in _iter_tensors(checkpoint_files(path), progress):
+        if key.endswith((".scale", ".scale_inv")) and tensor.dtype != torch.float32:
+            raise ValueError(
+                f"quantised checkpoint tensor {key!r}: FP8/FP4 checkpoints are not supported "
+                "yet; load a bf16/fp32 export"
+            )
+        name = key.removeprefix("model.")
+        if name not in targets:
+            unexpected.append(key)
+            continue
+        _assign(targets[name], tensor, name, seen)
+    mtp = {n for n in targets if n.startswith("mtp.")}
+    has_mtp = bool(seen & mtp)
+    missing = sorted(set(targets) - seen - (set() if has_mtp else mtp))
+    if missing:
+        raise ValueError(f"checkpoint at {path} lacks {len(missing)} tensors, e.g. {missing[:5]}")
+    if unexpected:
+        raise ValueError(f"checkpoint at {path} has unexpected tensors, e.g. {unexpected[:5]}")
+    return has_mtp
+
+
+def init_dummy_v41(model: nn.Module, seed: int = 0) -> None:
+    """Seeded random weights that exercise every mechanism: unit-gain projections, non-zero
+    sinks, HC bases and routing biases, norm weights near one."""
+    gen = torch.Generator().manual_seed(seed)
+
+    def normal(shape: torch.Size, std: float, mean: float = 0.0) -> torch.Tensor:
+        return torch.randn(shape, generator=gen, dtype=torch.float32) * std + mean
+
+    with torch.no_grad():
+        for name, p in sorted(model.named_parameters(), key=lambda kv: kv[0]):
+            leaf = name.rsplit(".", 1)[-1]
+            parent = name.rsplit(".", 2)[-2] if name.count(".") else ""
+            if name == "embed.weight" or name.endswith("engram.embed.weight"):
+                v = normal(p.shape, 1.0)
+            elif leaf.endswith("_fn"):
+                v = normal(p.shape, 0.02)
+            elif leaf.endswith("_base"):
+                v = normal(p.shape, 0.5)
+            elif leaf.endswith("_scale"):
+                v = 0.5 + torch.rand(p.shape, generator=gen)
+            elif leaf in ("attn_sink", "bias", "bias_vl"):
+                v = normal(p.shape, 0.5)
+            elif leaf in ("q_weight", "k_weight"):
+                v = normal(p.shape, 0.3, mean=1.0)
+            elif parent.endswith("norm"):
+                v = normal(p.shape, 0.1, mean=1.0)
+            else:  # linear weights [out, in], the router, the Markov tables
+                v = normal(p.shape, 1 / math.sqrt(p.shape[-1]))
+            p.copy_(v.to(p.dtype))
+
+
+def save_v41_checkpoint(
+    model: nn.Module, path: str | Path, config_dict: dict, dtype: torch.dtype | None = None
+) -> None:
+    """config.json + model.safetensors in the official naming (fp32-kept tensors in fp32)."""
+    if dtype is None:
+        save_checkpoint(model, path, config_dict)
+        return
+    with torch.no_grad():
+        saved = {n: p.data for n, p in model.named_parameters()}
+        try:
+            for n, p in model.named_parameters():
+                p.data = p.data.to(torch.float32 if keep_fp32(n) else dtype)
+            save_checkpoint(model, path, config_dict)
+        finally:
+            for n, p in model.named_parameters():
+                p.data = saved[n]
