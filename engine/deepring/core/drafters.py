@@ -1,0 +1,168 @@
+"""Drafters for speculative decoding (core.speculative), behind one small interface:
+
+- `observe(out, fed)`: after a step, read what the target computed for each request's rows
+  that stay (fed: (request, first position, rows, first batch row)) and keep the drafter's own
+  context state. Only accepted rows are ever fed, so a drafter's state never needs a rollback.
+- `propose(reqs) -> Proposal`: drafts for the tokens after each request's last token, with
+  the calibrated prefix survival of each (None without a confidence head).
+
+`MTPDrafter`: V4's MTP layer, one token. Row t of the MTP layer reads the backbone's final
+streams at t and the embedding of token t + 1, and predicts token t + 2; its window ring is the
+pool's layer after the backbone. Each step it runs over the fed rows (their next tokens are
+known once the step's tokens are appended), and its last row's argmax is the next draft.
+
+`DSparkContext`: the DSpark drafter (model.dspark). Its context is, per stage, the K=V rows of
+the target's fused taps at the last `sliding_window` positions: kept in the window rings the
+pool already has for the stages' layers (the MTP slots), written for fed rows only. A draft
+block is [anchor, noise...] at the last token's position, attending to that ring.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from deepring.cache.pool import KVCachePool
+from deepring.core.request import Request
+from deepring.model.batch import ForwardBatch, SeqChunk
+from deepring.model.model import DeepseekV4, StepOutput
+
+Fed = list[tuple[Request, int, int, int]]  # (request, first position, rows, first batch row)
+
+
+@dataclass
+class Proposal:
+    drafts: list[list[int]]
+    survival: list[list[float]] | None = None  # calibrated P(draft k and all before accepted)
+
+
+class MTPDrafter:
+    taps: tuple[int, ...] = ()
+    wants_hidden = True
+
+    def __init__(self, model: DeepseekV4, pool: KVCachePool) -> None:
+        self.model = model
+        self.pool = pool
+        self._next: dict[int, int] = {}  # id(request) -> its draft from the last observe
+
+    def observe(self, out: StepOutput, fed: Fed) -> None:
+        self._next.clear()
+        if not fed or out.hidden is None:
+            return
+        chunks, rows, last = [], [], []
+        for r, start, n, off in fed:
+            if r.draft_from is None:
+                r.draft_from = start
+            chunks.append(
+                SeqChunk(
+                    r.tokens(start + 1, start + n + 1),
+                    start,
+                    r.slot,
+                    r.blocks,
+                    logits="last" if r.pending == 1 else "none",
+                )
+            )
+            rows.extend(range(off, off + n))
+            if r.pending == 1:
+                last.append(r)
+        dev = self.model.device
+        batch = ForwardBatch.build(
+            chunks, self.model.rope_tables(), self.pool.cache.block_size, dev
+        )
+        hidden = out.hidden[torch.tensor(rows, device=dev)]
+        res = self.model.mtp_forward(batch, self.pool, hidden)
+        if last:
+            for r, tok in zip(last, res.logits.max(-1).indices.tolist(), strict=True):
+                self._next[id(r)] = tok
+
+    def propose(self, reqs: list[Request]) -> Proposal:
+        return Proposal([[self._next[id(r)]] if id(r) in self._next else [] for r in reqs])
+
+
+class DSparkContext:
+    wants_hidden = False
+
+    def __init__(self, model: DeepseekV4, pool: KVCachePool, fixed: int | None) -> None:
+        """fixed: drafts per step (fixed:N); None: the whole block, with survival for the
+        scheduler to cut (dspark)."""
+        ds = model.config.dspark
+        if ds is None:
+            raise ValueError("this model has no DSpark drafter")
+        self.model = model
+        self.drafter = model.mtp
+        self.taps = tuple(ds.target_layer_ids)
+        n = model.config.num_hidden_layers
+        self.rings = [lc.ring for lc in pool.layers[n : n + ds.num_stages]]
+        self.window = model.config.sliding_window
+        self.length = fixed if fixed is not None else ds.block_size
+        self.with_survival = fixed is None
+
+    @torch.inference_mode()
+    def observe(self, out: StepOutput, fed: Fed) -> None:
+        if not fed or out.taps is None:
+            return
+        rows, pos, slots = [], [], []
+        for r, start, n, off in fed:
+            if r.draft_from is None:
+                r.draft_from = start
+            rows.extend(range(off, off + n))
+            pos.extend(range(start, start + n))
+            slots.extend([r.slot] * n)
+        dev = out.taps.device
+        p = torch.tensor(pos, device=dev)
+        kvs = self.drafter.context_kv(out.taps[torch.tensor(rows, device=dev)], p)
+        slot_t = torch.tensor(slots, device=dev)
+        for ring, kv in zip(self.rings, kvs, strict=True):
+            n = ring.shape[1]
+            ring.view(-1, ring.shape[-1])[slot_t * n + p % n] = kv.to(ring.dtype)
+
+    @torch.inference_mode()
+    def propose(self, reqs: list[Request]) -> Proposal:
+        dev = self.rings[0].device
+        n = self.rings[0].shape[1]
+        anchor_pos = torch.tensor([r.num_tokens - 1 for r in reqs], device=dev)
+        anchor_ids = torch.tensor([r.token(r.num_tokens - 1) for r in reqs], device=dev)
+        first = torch.tensor([r.draft_from or 0 for r in reqs], device=dev)
+        slots = torch.tensor([r.slot for r in reqs], device=dev)
+        # Ring row i holds the latest position q < anchor with q % n == i; the block sees the
+        # window before its anchor, from the first position this slot's context covers.
+        i = torch.arange(n, device=dev)
+        before = anchor_pos[:, None] - 1
+        q = before - torch.remainder(before - i, n)
+        valid = (q >= anchor_pos[:, None] - self.window) & (q >= first[:, None]) & (q >= 0)
+        ctx = [ring[slots] for ring in self.rings]
+        h = self.drafter.block_from_context(
+            ctx, valid, anchor_ids, anchor_pos, self.model.model.embed_tokens
+        )
+        toks, _logits, conf = self.drafter.draft_greedy(h, anchor_ids, self.model.lm_head.weight)
+        drafts = toks[:, : self.length].tolist()
+        if not self.with_survival:
+            return Proposal(drafts)
+        return Proposal(drafts, self.drafter.survival(conf).tolist())
+
+
+def make_drafter(mode, model: DeepseekV4, pool: KVCachePool, name: str):
+    """The drafter of a SpecMode for `model` (named `name` in errors). ValueError when the
+    model has none for that mode."""
+    ds = model.config.dspark
+    if mode.kind == "mtp":
+        if ds is not None or not len(model.mtp):
+            raise ValueError(
+                f"--speculative mtp needs MTP layers; model {name!r} has "
+                + ("a DSpark drafter in their place (use dspark or fixed:N)" if ds else "none")
+            )
+        return MTPDrafter(model, pool)
+    if mode.kind in ("fixed", "dspark"):
+        if ds is None:
+            raise ValueError(
+                f"--speculative {mode} needs a DSpark drafter; model {name!r} has none"
+                + (" (it has MTP layers: use --speculative mtp)" if len(model.mtp) else "")
+            )
+        if mode.kind == "fixed" and mode.length > ds.block_size:
+            raise ValueError(
+                f"--speculative {mode}: model {name!r}'s DSpark drafter drafts at most "
+                f"{ds.block_size} tokens"
+            )
+        return DSparkContext(model, pool, mode.length if mode.kind == "fixed" else None)
+    raise ValueError(f"no drafter for --speculative {mode}")

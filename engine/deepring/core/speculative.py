@@ -1,0 +1,271 @@
+"""Speculative decoding: verify drafted tokens in one target forward, keep the longest accepted
+prefix, roll the rest back.
+
+A decoding request carries `drafts` (proposed by a drafter after its previous step). The
+scheduler feeds [last token, drafts] as one chunk (positions c .. c + G: the prefill path of the
+paged caches) and the target's logits at every row decide: row k gives the target's token y_k
+for position c + k + 1 (greedy: the argmax; sampled: the deterministic sampler at that
+position), draft k + 1 is accepted while it equals y_k, and the run emitted is y_0 .. y_n
+(n accepted drafts plus the target's own next token). Because y_k is exactly the token plain
+decoding would produce at that position given the same prefix, the output (tokens, log
+probabilities, stops) is identical to decoding without speculation, greedy or sampled: the
+sampler's randomness is a function of (seed, position) only. With drafts that are
+deterministic (a point-mass draft distribution, as every drafter here proposes its argmax),
+this also accepts each draft with probability p(draft), the rejection sampler's rate, so
+nothing is lost by not using the residual-distribution resampling.
+
+Each verified row sees the state it would have in plain decoding: penalties count the output
+plus the drafts before it, a grammar mask comes from the matcher advanced through those drafts
+(copies; the request's own matcher advances only with emitted tokens, in EngineCore.step), and
+the sampler's position is that row's. Rows after a rejected draft are rolled back in the caches
+(core.spec_rollback) and the request's num_cached counts only accepted rows, so the prefix
+cache (which publishes blocks below num_cached) never sees a rejected token.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from deepring.core.request import Request
+from deepring.core.runner import ModelRunner
+from deepring.core.scheduler import Scheduled
+from deepring.core.spec_rollback import Span, StepRollback
+from deepring.model.batch import ForwardBatch, SeqChunk
+from deepring.sampling.params import TokenLogprob
+from deepring.sampling.sampler import SampleRow
+
+Run = list[tuple[int, TokenLogprob | None]]  # tokens a step emits for a request, in order
+
+
+def accepted_prefix(drafts: Sequence[int], target: Sequence[int]) -> int:
+    """How many leading drafts equal the target's tokens (target[k] stands where drafts[k]
+    does; target has one more, the token after the last accepted draft)."""
+    n = 0
+    while n < len(drafts) and drafts[n] == target[n]:
+        n += 1
+    return n
+
+
+@dataclass
+class _Pending:
+    """A verify step between `verify` and `commit`/`after`."""
+
+    scheduled: list[Scheduled]
+    batch: ForwardBatch
+    out: object  # model.StepOutput
+    rollback: StepRollback
+    spans: list[int]  # per scheduled: its span index (-1: not speculating)
+    offsets: list[int]  # per scheduled: its first row in the batch
+    starts: list[int]  # per scheduled: num_cached before the step
+
+
+class SpecRunner:
+    """ModelRunner's step where decoding rows carry drafts. The drafter (core.drafters) reads
+    the step's hidden states or taps in `after`, and proposes the next drafts."""
+
+    def __init__(self, runner: ModelRunner, drafter) -> None:
+        self.runner = runner
+        self.model = runner.model
+        self.pool = runner.pool
+        self.drafter = drafter
+        self._pending: _Pending | None = None
+        # Totals for reports and benchmarks.
+        self.verified = 0  # drafts fed to the target
+        self.accepted = 0  # of them, accepted
+        self.spec_steps = 0  # request-steps that carried drafts
+
+    # ---- the verify step -------------------------------------------------------------------
+
+    def verify(self, scheduled: list[Scheduled]) -> list[Run]:
+        """Run the step; per scheduled request the tokens it emits (empty mid-prompt)."""
+        run = self.runner
+        chunks, spans, span_of, offsets, starts = [], [], [], [], []
+        offset = 0
+        for s in scheduled:
+            r = s.request
+            if r.slot is None:
+                raise ValueError(f"request {r.rid} has no state slot")
+            known = s.num_tokens - s.num_drafts
+            ids = r.tokens(r.num_cached, r.num_cached + known) + r.drafts[: s.num_drafts]
+            if s.num_drafts:
+                span_of.append(len(spans))
+                spans.append(Span(r.slot, list(r.blocks), r.num_cached, len(ids), offset))
+            else:
+                span_of.append(-1)
+            chunks.append(
+                SeqChunk(
+                    token_ids=ids,
+                    start=r.num_cached,
+                    slot=r.slot,
+                    block_ids=r.blocks,
+                    logits="all" if s.num_drafts else ("last" if s.completes else "none"),
+                    window_floor=r.window_floor
+                    if r.num_cached < r.window_floor + run.window - 1
+                    else 0,
+                    compress_from=r.compress_from,
+                )
+            )
+            offsets.append(offset)
+            starts.append(r.num_cached)
+            offset += len(ids)
+        batch = ForwardBatch.build(
+            chunks, self.model.rope_tables(), run.block_size, self.model.device
+        )
+        batch.capture = [] if spans else None
+        rollback = StepRollback(self.pool, self.model.config.num_hidden_layers, spans)
+        # The logits rows, in batch order: every verified row of a speculating request, the
+        # last row of a completing prompt chunk. Each is sampled as the request would be at
+        # that row's position in plain decoding.
+        rows: list[tuple[int, int]] = []  # (scheduled index, draft offset k)
+        states = []
+        for i, s in enumerate(scheduled):
+            if s.num_drafts:
+                rows.extend((i, k) for k in range(s.num_drafts + 1))
+                states.extend(_draft_states(s.request, s.num_drafts))
+            elif s.completes:
+                rows.append((i, 0))
+                states.append(s.request.grammar)
+        pending = None
+        if any(g is not None for g in states):
+            if run.masks is None:
+                from deepring.structured.runtime import TokenMasks
+
+                run.masks = TokenMasks(self.model.config.vocab_size)
+            pending = run.masks.start(states)
+        greedy = all(scheduled[i].request.params.argmax_only for i, _ in rows)
+        try:
+            out = self.model(
+                batch, self.pool, greedy=greedy, return_hidden=self.drafter.wants_hidden,
+                taps=self.drafter.taps,
+            )  # fmt: skip
+        finally:
+            if pending is not None:
+                run.masks.wait(pending)
+        tokens: list[int] = []
+        lps: list[TokenLogprob | None] = [None] * len(rows)
+        if rows and greedy:
+            tokens = out.greedy.tolist()
+            if pending is not None:
+                tokens = run.masks.fix_greedy(tokens, pending, run._logits_of(out.last))
+        elif rows:
+            if pending is not None:
+                run.masks.apply(out.logits, pending)
+            sampled = run.sampler.sample(
+                out.logits, [_row(scheduled[i].request, k) for i, k in rows]
+            )
+            tokens, lps = sampled.tokens, sampled.logprobs
+        runs: list[Run] = [[] for _ in scheduled]
+        ys: list[list[tuple[int, TokenLogprob | None]]] = [[] for _ in scheduled]
+        for (i, _k), tok, lp in zip(rows, tokens, lps, strict=True):
+            ys[i].append((tok, lp))
+        for i, s in enumerate(scheduled):
+            if s.num_drafts:
+                drafts = s.request.drafts[: s.num_drafts]
+                n = accepted_prefix(drafts, [t for t, _ in ys[i]])
+                runs[i] = ys[i][: n + 1]
+                self.verified += len(drafts)
+                self.accepted += n
+                self.spec_steps += 1
+            else:
+                runs[i] = ys[i]
+        self._pending = _Pending(scheduled, batch, out, rollback, span_of, offsets, starts)
+        return runs
+
+    def commit(self, keeps: list[int]) -> None:
+        """keeps[i]: how many of scheduled i's run tokens the engine keeps (a stop inside the
+        run cuts it). Rolls the caches back to the kept rows and advances num_cached."""
+        p = self._pending
+        if p is None:
+            raise RuntimeError("commit without a verify step")
+        accepted = []
+        for s, span, keep in zip(p.scheduled, p.spans, keeps, strict=True):
+            r = s.request
+            if span >= 0:
+                # Rows c .. c + keep - 1 fed the last token and the accepted drafts.
+                accepted.append(keep)
+                r.num_cached += keep
+            else:
+                r.num_cached += s.num_tokens
+        p.rollback.restore(accepted, p.batch.capture)
+        p.batch.capture = None
+
+    def after(self) -> None:
+        """The drafter reads the step (its accepted rows) and proposes the next drafts of
+        every request still decoding. Call once the emitted tokens are appended."""
+        p, self._pending = self._pending, None
+        if p is None:
+            return
+        fed = []
+        for s, off, start in zip(p.scheduled, p.offsets, p.starts, strict=True):
+            r = s.request
+            if r.finished or r.slot is None:
+                continue
+            fed.append((r, start, r.num_cached - start, off))
+        self.drafter.observe(p.out, fed)
+        decoding = [r for r, *_ in fed if r.pending == 1]
+        for r, _start, _n, _off in fed:
+            if r.pending != 1:
+                r.drafts, r.survival = [], None
+        if decoding:
+            prop = self.drafter.propose(decoding)
+            for i, r in enumerate(decoding):
+                r.drafts = list(prop.drafts[i])
+                r.survival = list(prop.survival[i]) if prop.survival is not None else None
+                _fit_drafts(r, self.model.config.vocab_size)
+
+
+def _draft_states(req: Request, n: int) -> list:
+    """The grammar state of each verified row: the request's matcher, then copies advanced
+    through its first k drafts (None rows when unconstrained)."""
+    if req.grammar is None:
+        return [None] * (n + 1)
+    from deepring.structured.runtime import GrammarState
+
+    out = [req.grammar]
+    cur = req.grammar.matcher
+    for d in req.drafts[:n]:
+        cur = cur.deep_copy()
+        cur.consume_token(d)  # refused drafts were cut when proposed (_fit_drafts)
+        out.append(GrammarState(cur))
+    return out
+
+
+def _row(req: Request, k: int):
+    """The sampler's view of verified row k: the request as plain decoding would hold it with
+    its first k drafts already output (penalties count them, the draw is at that position)."""
+    if k == 0:
+        return req
+    return SampleRow(req.params, req.seed, req.num_tokens + k, req.output_ids + req.drafts[:k])
+
+
+def _fit_drafts(req: Request, vocab: int) -> None:
+    """Cut a request's drafts where verifying more is pointless: past its max_tokens, past a
+    token its grammar refuses (the masked target can never emit it), or out of range."""
+    room = req.params.max_tokens - len(req.output_ids) - 1
+    drafts = req.drafts[: max(room, 0)]
+    for i, d in enumerate(drafts):
+        if not 0 <= d < vocab:
+            drafts = drafts[:i]
+            break
+    if req.grammar is not None and drafts:
+        m = req.grammar.matcher.deep_copy()
+        for i, d in enumerate(drafts):
+            if not m.consume_token(d):
+                drafts = drafts[:i]
+                break
+    req.drafts = drafts
+    if req.survival is not None:
+        req.survival = req.survival[: len(drafts)]
+
+
+def kept(req: Request, run: Run, eos: frozenset[int]) -> int:
+    """How many tokens of `run` the request takes before a stop: EOS or a stop token (kept,
+    and the run ends there) or max_tokens."""
+    p = req.params
+    n = len(req.output_ids)
+    for i, (tok, _lp) in enumerate(run):
+        n += 1
+        if tok in p.stop_token_ids or (not p.ignore_eos and tok in eos) or n >= p.max_tokens:
+            return i + 1
+    return len(run)

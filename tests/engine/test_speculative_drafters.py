@@ -1,0 +1,73 @@
+"""The engine's drafters against the plain references: DSpark's kept per-stage context rings
+give the block the plain forward (model.dspark.block_hidden) computes from the whole sequence,
+and the drafts the engine proposes are the plain forward's greedy drafts."""
+
+from __future__ import annotations
+
+import torch
+from deepring import LLM, SamplingParams
+from deepring.core.drafters import DSparkContext
+from deepring.model.batch import ForwardBatch, SeqChunk
+
+
+def test_block_from_context_equals_block_hidden(deepring_cache_dir):
+    llm = LLM("tiny-trained", max_model_len=512)
+    dr = llm.model.mtp
+    embed = llm.model.model.embed_tokens
+    g = torch.Generator().manual_seed(0)
+    s, d = 230, llm.config.hidden_size
+    taps = torch.randn(1, s, len(dr.ds.target_layer_ids), d, generator=g)
+    anchors = [1, 7, 128, 129, 200, 230]
+    ids = torch.randint(0, 5000, (1, len(anchors)), generator=g)
+    pos = torch.tensor([anchors])
+    with torch.no_grad():
+        want = dr.block_hidden(taps, ids, pos, embed)[0]
+        ctx = dr.context_kv(taps[0], torch.arange(s))
+        # Kept in a shuffled order (a ring's), with the rows each anchor may see marked.
+        perm = torch.randperm(s, generator=g)
+        window = llm.config.sliding_window
+        valid = torch.stack([(perm < p) & (perm >= p - window) for p in anchors])
+        got = dr.block_from_context(
+            [c[perm].expand(len(anchors), -1, -1) for c in ctx],
+            valid,
+            ids[0],
+            pos[0],
+            embed,
+        )
+    torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+
+
+def test_engine_drafts_are_the_plain_forwards(deepring_cache_dir, monkeypatch):
+    llm = LLM("tiny-trained", max_model_len=512, max_num_seqs=4, speculative="fixed:5")
+    seen = []
+    propose = DSparkContext.propose
+
+    def spy(self, reqs):
+        out = propose(self, reqs)
+        for r, d in zip(reqs, out.drafts, strict=True):
+            seen.append((list(r.prompt_ids) + list(r.output_ids), d))
+        return out
+
+    monkeypatch.setattr(DSparkContext, "propose", spy)
+    text = "import os\n\n\ndef main(argv):\n    for name in argv:\n        print(name)\n"
+    llm.generate([text, "class A:\n    pass\n" * 3], SamplingParams(temperature=0, max_tokens=40))
+    assert len(seen) > 10
+    model, pool = llm.model, llm.engine.pool
+    dr = model.mtp
+    agree = 0
+    for tokens, drafts in seen:
+        # The whole sequence once through the target in a scratch slot, for its taps.
+        chunk = SeqChunk(tokens[:-1], 0, 3, list(range(1, 6)), logits="none")
+        batch = ForwardBatch.build([chunk], model.rope_tables(), pool.cache.block_size, "cpu")
+        taps = model(batch, pool, taps=dr.ds.target_layer_ids).taps
+        with torch.no_grad():
+            h = dr.block_hidden(
+                taps[None],
+                torch.tensor([[tokens[-1]]]),
+                torch.tensor([[len(tokens) - 1]]),
+                model.model.embed_tokens,
+            )
+            want, _, _ = dr.draft_greedy(h[0, 0], torch.tensor(tokens[-1]), model.lm_head.weight)
+        agree += want.tolist()[: len(drafts)] == drafts
+    # Taps from decode steps and from one prefill differ in rounding only.
+    assert agree >= len(seen) - 1, (agree, len(seen))
