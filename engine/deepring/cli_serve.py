@@ -113,7 +113,9 @@ def _add_prefix_args(p: argparse.ArgumentParser) -> None:
         help="a hit without its window ring: recompute the ring's receptive field (exact, "
         "as a cold run) or the last window only (bounded, V4.1's approximation)",
     )
-    g.add_argument("--swa-ttl", type=float, default=180.0, help="seconds a ring snapshot lives")
+    g.add_argument(
+        "--swa-ttl", type=float, default=EngineSpec.swa_ttl_s, help="seconds a ring snapshot lives"
+    )
     g.add_argument(
         "--chat-ttl", type=float, default=EngineSpec.chat_ttl_s, help="seconds (default 7 days)"
     )

@@ -13,6 +13,11 @@ from dataclasses import dataclass, field
 ROLES = ("prefill", "decode")
 # The prefix cache's TTL classes (EngineSpec.chat_ttl_s / agent_ttl_s).
 CACHE_CLASSES = ("chat", "agent")
+# Store TTLs by traffic class (DeepSeek's figures: agent traffic 3 days, chatbot traffic 7 days)
+# and of ring snapshots (minutes: the SWA pool).
+CHAT_TTL_S = 7 * 86400.0
+AGENT_TTL_S = 3 * 86400.0
+SWA_TTL_S = 180.0
 SWA_REPLAY = ("exact", "bounded")
 # How the frontend picks workers: routing.router (queued tokens, free slots and blocks) or
 # routing.balance (the workers' step-time models and load reports).
@@ -149,9 +154,9 @@ class EngineSpec:
     kv_store: str | None = None
     kv_host_memory: int = 1 << 30  # host tier of block records
     swa_replay: str = "exact"  # exact | bounded
-    swa_ttl_s: float = 180.0  # ring snapshots (host pool and store)
-    chat_ttl_s: float = 7 * 86400.0
-    agent_ttl_s: float = 3 * 86400.0
+    swa_ttl_s: float = SWA_TTL_S  # ring snapshots (host pool and store)
+    chat_ttl_s: float = CHAT_TTL_S
+    agent_ttl_s: float = AGENT_TTL_S
     # Speculative decoding (core.speculative): off | mtp | fixed:N | dspark.
     speculative: str = "off"
 

@@ -62,6 +62,30 @@ def test_messages_thinking_block(anthropic_client):
     assert full.content[0].signature
 
 
+def test_messages_thinking_budget_ends_the_reasoning(anthropic_client):
+    """With budget_tokens 3 the reasoning stops after 3 tokens and an answer follows (without
+    a budget the tiny model reasons until max_tokens); the same streamed. Thinking mode ignores
+    temperature (as Anthropic's API does): a seed makes the draws repeatable."""
+    seeded = {"extra_body": {"seed": 7}}
+    unbounded = {"thinking": {"type": "enabled", "budget_tokens": 1024}, **seeded}
+    # Twice: the reference and the request below then both start from the cached prompt.
+    _create(anthropic_client, **unbounded)
+    free = _create(anthropic_client, **unbounded)
+    assert [b.type for b in free.content] == ["thinking"]  # the reference: still thinking
+    kw = {"thinking": {"type": "enabled", "budget_tokens": 3}, **seeded}
+    full = _create(anthropic_client, **kw)
+    assert [b.type for b in full.content] == ["thinking", "text"]
+    assert free.content[0].thinking.startswith(full.content[0].thinking)
+    assert full.usage.output_tokens == 12
+    with anthropic_client.messages.stream(
+        model="tiny", max_tokens=12, messages=MESSAGES, **kw
+    ) as stream:
+        final = stream.get_final_message()
+    assert [b.model_dump(exclude={"signature"}) for b in final.content] == [
+        b.model_dump(exclude={"signature"}) for b in full.content
+    ]  # (a signature names its response)
+
+
 def test_messages_with_tools_declared(anthropic_client):
     tools = [
         {

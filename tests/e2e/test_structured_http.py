@@ -107,3 +107,52 @@ def test_a_schema_that_cannot_be_enforced_is_a_400(openai_client):
     with pytest.raises(openai.BadRequestError) as e:
         _create(openai_client, False, response_format=fmt)
     assert "uniqueItems" in str(e.value)
+
+
+OTHER = {
+    "type": "function",
+    "function": {
+        "name": "lookup",
+        "parameters": {
+            "type": "object",
+            "properties": {"q": {"type": "string", "maxLength": 5}},
+            "required": ["q"],
+        },
+    },
+}
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "sse"])
+def test_allowed_tools_only_calls_the_allowed_tool(openai_client, stream):
+    """Both tools are declared (and shown to the model); only `lookup` may be called."""
+    choice = {
+        "type": "allowed_tools",
+        "allowed_tools": {
+            "mode": "required",
+            "tools": [{"type": "function", "function": {"name": "lookup"}}],
+        },
+    }
+    for seed in (1, 2, 3):
+        _, calls, finish = _create(
+            openai_client, stream, tools=[TOOL, OTHER], tool_choice=choice, temperature=1.0,
+            seed=seed,
+        )  # fmt: skip
+        if finish == "length":
+            calls = calls[:-1]  # (a chain of invokes cut at max_tokens)
+        assert calls
+        for name, args in calls:
+            assert name == "lookup"
+            jsonschema.validate(json.loads(args), OTHER["function"]["parameters"])
+
+
+def test_responses_allowed_tools(openai_client):
+    tools = [{"type": "function", **t["function"]} for t in (TOOL, OTHER)]
+    choice = {"type": "allowed_tools", "mode": "required",
+              "tools": [{"type": "function", "name": "get_weather"}]}  # fmt: skip
+    out = openai_client.responses.create(
+        model="tiny", input="Weather?", tools=tools, tool_choice=choice, temperature=1.0,
+        max_output_tokens=200, extra_body={"reasoning": {"effort": "none"}} | {},
+    )  # fmt: skip
+    calls = [item for item in out.output if item.type == "function_call"]
+    assert calls
+    assert {c.name for c in calls} == {"get_weather"}

@@ -14,18 +14,17 @@ from pathlib import Path
 
 import pytest
 from deepring.cache.store import (
-    AGENT_TTL_S,
-    CHAT_TTL_S,
     COUNTERS,
     BlockStore,
     DirectoryStore,
     StoredBlock,
     StoreUnavailable,
     Sweeper,
-    TtlPolicy,
     open_store,
 )
 from deepring.cache.store.redis import RedisStore
+from deepring.config import EngineSpec
+from deepring.core.prefix import PrefixConfig
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from kv_store_helpers import FakeClock, key, value
@@ -334,16 +333,14 @@ def test_a_root_that_cannot_be_created_is_a_clear_error(tmp_path):
         DirectoryStore(tmp_path / "missing", create=False)
 
 
-def test_ttl_policy():
-    assert (AGENT_TTL_S, CHAT_TTL_S) == (3 * 86400, 7 * 86400)
-    assert TtlPolicy() == TtlPolicy(agent_s=AGENT_TTL_S, chat_s=CHAT_TTL_S)
-    assert TtlPolicy(60, 0.5).chat_s == 0.5
-    for bad in (0, -1, float("inf"), float("nan")):
-        with pytest.raises(ValueError, match="positive"):
-            TtlPolicy(agent_s=bad)
-    for bad in ("3d", True, None):
-        with pytest.raises(TypeError):
-            TtlPolicy(chat_s=bad)
+def test_ttl_defaults_and_checks():
+    # DeepSeek's figures: agent traffic 3 days, chat 7 days, ring snapshots minutes.
+    assert (PrefixConfig().agent_ttl_s, PrefixConfig().chat_ttl_s) == (3 * 86400, 7 * 86400)
+    assert PrefixConfig().ring_ttl_s == EngineSpec().swa_ttl_s == 180
+    for name in ("agent_ttl_s", "chat_ttl_s", "ring_ttl_s"):
+        for bad in (0, -1, float("nan")):
+            with pytest.raises(ValueError, match=name):
+                PrefixConfig(**{name: bad})
 
 
 def _wait_for(condition, timeout_s: float = 10.0) -> None:

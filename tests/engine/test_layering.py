@@ -84,7 +84,7 @@ def _reaches(start: set[str], graph: dict[str, set[str]]) -> set[str]:
 
 def test_the_graph_covers_the_packages():
     units = {_unit(m) for m in MODULES}
-    assert {"cache", "core", "frontend", "kernels", "model", "protocol", "worker"} <= units
+    assert {"cache", "core", "frontend", "kernels", "model", "protocol", "spec", "worker"} <= units
 
 
 def test_no_cycle_between_packages():
@@ -104,6 +104,12 @@ def test_no_cycle_between_packages():
         ("kernels", {"model", "core", "worker", "frontend"}),
         ("model", {"core", "worker", "frontend"}),
         ("core", {"worker", "frontend"}),
+        # Speculative decoding's math is engine-independent: torch, numpy, sampling (its
+        # SplitMix64) and cost (StepCost), never the engine, the model or the processes.
+        (
+            "spec",
+            {"core", "worker", "frontend", "model", "cache", "routing", "ipc", "protocol"},
+        ),
         # The step-time model is shared by workers, routers and the simulator: numpy only.
         (
             "cost",

@@ -224,25 +224,53 @@ def test_a_decimal_integer_is_refused_in_each_apis_words(recipe):
     )
 
 
-def test_allowed_tools_is_refused_clearly(recipe):
-    choice = {"type": "allowed_tools", "mode": "auto", "tools": [{"type": "function", "name": "f"}]}
-    _refused(
-        recipe,
-        RESPONSES,
-        "tool_choice",
-        "allowed_tools is not supported",
-        tools=[RESPONSES_TOOL],
-        tool_choice=choice,
-    )
-    chat_choice = {"type": "allowed_tools", "allowed_tools": {"mode": "auto", "tools": []}}
-    _refused(
-        recipe,
-        CHAT,
-        "tool_choice",
-        "allowed_tools is not supported",
-        tools=[TOOL],
-        tool_choice=chat_choice,
-    )
+OTHER = {"type": "function", "function": {"name": "g", "parameters": {"type": "object"}}}
+
+
+@pytest.mark.parametrize("mode", ["auto", "required"])
+def test_allowed_tools_restricts_the_calls_not_the_prompt(recipe, mode):
+    """Every tool stays in the prompt (the same token ids as tool_choice = the mode); the
+    grammar lets the model call only the allowed ones."""
+    kind = "tool_call" if mode == "auto" else "tool_call_required"
+    chat = {"type": "allowed_tools", "allowed_tools": {"mode": mode, "tools": [
+        {"type": "function", "function": {"name": "g"}}]}}  # fmt: skip
+    resp = {"type": "allowed_tools", "mode": mode, "tools": [{"type": "function", "name": "g"}]}
+    r_other = {"type": "function", "name": "g", "parameters": {"type": "object"}}
+    cases = ((CHAT, [TOOL, OTHER], chat), (RESPONSES, [RESPONSES_TOOL, r_other], resp))
+    for api, tools, choice in cases:
+        plain = _prepare(recipe, api, {**BODIES[api], "tools": tools, "tool_choice": mode})
+        got = _prepare(recipe, api, {**BODIES[api], "tools": tools, "tool_choice": choice})
+        assert got.prompt_ids == plain.prompt_ids
+        assert got.constraint.kind == plain.constraint.kind == kind
+        assert _grammar(got) != _grammar(plain)
+        only_g = {**BODIES[api], "tools": tools[1:], "tool_choice": mode}
+        assert _grammar(got) == _grammar(_prepare(recipe, api, only_g))
+
+
+def _resp_choice(mode="auto", tools=({"type": "function", "name": "f"},)):
+    return {"type": "allowed_tools", "mode": mode, "tools": list(tools)}
+
+
+def _chat_choice(mode="auto", tools=({"type": "function", "function": {"name": "f"}},)):
+    return {"type": "allowed_tools", "allowed_tools": {"mode": mode, "tools": list(tools)}}
+
+
+@pytest.mark.parametrize(
+    ("api", "choice", "message"),
+    [
+        (RESPONSES, _resp_choice(tools=()), "at least one tool"),
+        (RESPONSES, _resp_choice(mode="any"), "'mode' must be one of"),
+        (RESPONSES, _resp_choice(tools=[{"type": "web_search"}]), "only function and custom"),
+        (RESPONSES, _resp_choice(tools=[{"type": "function", "name": "x"}]), "'x', which is not"),
+        (CHAT, _chat_choice(tools=()), "at least one tool"),
+        (CHAT, {"type": "allowed_tools", "mode": "auto"}, "expected an object 'allowed_tools'"),
+        (CHAT, _chat_choice(tools=[{"type": "function", "name": "f"}]), '"function": {"name"'),
+        (CHAT, _chat_choice(tools=[{"type": "function", "function": {"name": "x"}}]), "'x', which"),
+    ],
+)
+def test_malformed_allowed_tools_are_refused_naming_tool_choice(recipe, api, choice, message):
+    tools = [TOOL] if api == CHAT else [RESPONSES_TOOL]
+    _refused(recipe, api, "tool_choice", message, tools=tools, tool_choice=choice)
 
 
 # ---- nested content ----------------------------------------------------------------------------
@@ -405,3 +433,23 @@ def test_a_forced_function_call_is_constrained_to_a_complete_call(recipe):
     prep = _prepare(recipe, RESPONSES, body)
     assert prep.constraint.kind == "tool_call_required"
     assert "start: calls" in _grammar(prep)
+
+
+def test_thinking_budget_reaches_the_sampling_params(recipe):
+    """budget_tokens bounds the reasoning (enforced by the engine: test_thinking_budget) when
+    the output starts in thinking mode; otherwise there is nothing to bound."""
+    think_end = recipe.tokenizer.token_to_id("</think>")
+    on = {"type": "enabled", "budget_tokens": 1500}
+    chat_on = {"type": "enabled", "budget_tokens": 7}
+    for api, body in ((MESSAGES, {"thinking": on}), (CHAT, {"thinking": chat_on})):
+        p = _prepare(recipe, api, {**BODIES[api], **body}).params
+        want = body["thinking"]["budget_tokens"]
+        assert (p.thinking_budget, p.think_end_id) == (want, think_end)
+    for api, body in (
+        (MESSAGES, {"thinking": {"type": "disabled"}}),
+        (MESSAGES, {}),
+        (CHAT, {"thinking": {"type": "enabled"}}),  # no budget: max_tokens bounds it
+        (CHAT, {"thinking": {"type": "disabled", "budget_tokens": 5}}),
+    ):
+        p = _prepare(recipe, api, {**BODIES[api], **body}).params
+        assert p.thinking_budget is None, body

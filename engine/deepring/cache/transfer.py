@@ -30,6 +30,7 @@ import zlib
 from dataclasses import dataclass
 from typing import NamedTuple
 
+import numpy as np
 import torch
 
 from deepring.cache.pool import KVCachePool
@@ -114,17 +115,44 @@ def _pack(kind: int, pool: KVCachePool | None, idx: list[int]) -> bytearray:
     buf = bytearray(HEADER_BYTES + n * row_bytes)
     if n and row_bytes:
         out = torch.frombuffer(buf, dtype=torch.uint8, offset=HEADER_BYTES).view(n, row_bytes)
-        index = torch.tensor(idx, dtype=torch.long, device=tensors[0].device)
-        col = 0
-        with torch.inference_mode():
-            for t in tensors:
-                w = t[0].numel() * t.element_size()
-                rows = t.index_select(0, index).reshape(n, -1).view(torch.uint8)
-                out[:, col : col + w].copy_(rows)
-                col += w
+        if tensors[0].is_cuda:
+            out.copy_(gather(kind, pool, idx))  # one device -> host copy, not one per tensor
+        else:
+            _gather_into(tensors, idx, out)  # straight into the record: no staging copy
+    seal(kind, pool, buf, n)
+    return buf
+
+
+def _gather_into(tensors: list[torch.Tensor], idx: list[int], out: torch.Tensor) -> None:
+    index = torch.tensor(idx, dtype=torch.long, device=tensors[0].device)
+    col = 0
+    with torch.inference_mode():
+        for t in tensors:
+            w = t[0].numel() * t.element_size()
+            rows = t.index_select(0, index).reshape(len(idx), -1).view(torch.uint8)
+            out[:, col : col + w].copy_(rows)
+            col += w
+
+
+def gather(kind: int, pool: KVCachePool | None, idx: list[int]) -> torch.Tensor:
+    """The payload rows of a record of `kind` as one uint8 tensor [len(idx), row_bytes] on the
+    pool's device: a snapshot taken in stream order (cache.staging copies it to the host while
+    later steps run)."""
+    tensors = _tensors(pool, kind)
+    n, row_bytes = len(idx), _row_bytes(tensors)
+    device = tensors[0].device if tensors else torch.device("cpu")
+    out = torch.empty(n, row_bytes, dtype=torch.uint8, device=device)
+    if n and row_bytes:
+        _gather_into(tensors, idx, out)
+    return out
+
+
+def seal(kind: int, pool: KVCachePool | None, buf: bytearray, n: int) -> None:
+    """Write the header of a record of `n` rows whose payload is already in `buf` after the
+    header."""
+    row_bytes = _row_bytes(_tensors(pool, kind))
     crc = zlib.crc32(memoryview(buf)[HEADER_BYTES:])
     _HEADER.pack_into(buf, 0, MAGIC, FORMAT_VERSION, kind, fingerprint(pool), n, row_bytes, crc)
-    return buf
 
 
 def _checked(kind: int, buf: Buffer, pool: KVCachePool | None, n: int) -> memoryview:
@@ -152,15 +180,25 @@ def _write(kind: int, payload: memoryview, pool: KVCachePool | None, idx: list[i
     n, row_bytes = len(idx), _row_bytes(tensors)
     if not (n and row_bytes):
         return
-    # bytearray: a writable copy, which torch.frombuffer needs (received frames are read-only).
-    src = torch.frombuffer(bytearray(payload), dtype=torch.uint8).view(n, row_bytes)
-    index = torch.tensor(idx, dtype=torch.long, device=tensors[0].device)
+    device = tensors[0].device
+    if device.type == "cuda":
+        # Pinned staging and one asynchronous host -> device copy: the host goes on at once and
+        # the copy runs in stream order before the writes below (torch's pinned allocator keeps
+        # the staging buffer alive until the copy has run).
+        staged = torch.empty(n * row_bytes, dtype=torch.uint8, pin_memory=True)
+        staged.numpy()[:] = np.frombuffer(payload, dtype=np.uint8)
+        src = staged.to(device, non_blocking=True).view(n, row_bytes)
+    else:
+        # bytearray: a writable copy, which torch.frombuffer needs (received frames are
+        # read-only).
+        src = torch.frombuffer(bytearray(payload), dtype=torch.uint8).view(n, row_bytes)
+    index = torch.tensor(idx, dtype=torch.long, device=device)
     col = 0
     with torch.inference_mode():
         for t in tensors:
             w = t[0].numel() * t.element_size()
             rows = src[:, col : col + w].contiguous().view(t.dtype).view(n, *t.shape[1:])
-            t.index_copy_(0, index, rows.to(t.device))
+            t.index_copy_(0, index, rows)
             col += w
 
 

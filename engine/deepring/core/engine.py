@@ -190,10 +190,14 @@ class EngineCore:
         bad = [t for t in done if not 0 <= t < self.vocab_size]
         if bad:
             raise ValueError(f"output token ids out of range [0, {self.vocab_size}): {bad[:5]}")
+        end = params.think_end_id
+        if params.thinking_budget is not None and not 0 <= end < self.vocab_size:
+            raise ValueError(f"think_end_id {end} is out of range [0, {self.vocab_size})")
         req = Request(
             rid=rid, prompt_ids=list(prompt_ids), params=params, seed=seed,
             cache_class=cache_class, output_ids=done, constraint=constraint,
             grammar=self._grammar_state(constraint, done),
+            thinking_ended=end is not None and end in done,
         )  # fmt: skip
         if self.prefix is not None:
             self.prefix.plan(req)
@@ -344,6 +348,8 @@ class EngineCore:
             for tok, lp in run:
                 self.num_generated += 1
                 req.output_ids.append(tok)
+                if tok == req.params.think_end_id:
+                    req.thinking_ended = True
                 if req.grammar is not None and not req.grammar.advance(tok):
                     # Only a runner that does not mask (the zero-cost one) gets here: the
                     # request goes on unconstrained rather than failing.

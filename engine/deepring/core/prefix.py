@@ -29,19 +29,20 @@ import time
 from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
+from functools import partial
 from typing import Protocol
 
 from deepring.cache.allocator import BlockAllocator
 from deepring.cache.pool import KVCachePool
 from deepring.cache.prefix import HostTier, chain_keys, ring_key, root_key
+from deepring.cache.staging import HostCopies
 from deepring.cache.transfer import (
     StateError,
-    export_blocks,
-    export_ring,
     fingerprint,
     import_blocks,
     import_ring,
 )
+from deepring.config import AGENT_TTL_S, CHAT_TTL_S, SWA_TTL_S
 from deepring.core.request import Request
 
 log = logging.getLogger("deepring.cache")
@@ -65,10 +66,10 @@ class Store(Protocol):
 class PrefixConfig:
     host_bytes: int = 1 << 30  # host tier of block records
     ring_bytes: int = 256 << 20  # host pool of ring snapshots
-    ring_ttl_s: float = 180.0
+    ring_ttl_s: float = SWA_TTL_S
     swa_replay: str = "exact"  # exact | bounded
-    chat_ttl_s: float = 7 * 86400.0  # store TTL of chat traffic (DeepSeek: 7 days)
-    agent_ttl_s: float = 3 * 86400.0  # store TTL of agent traffic (tools declared): 3 days
+    chat_ttl_s: float = CHAT_TTL_S  # store TTL of chat traffic
+    agent_ttl_s: float = AGENT_TTL_S  # store TTL of agent traffic (tools declared)
 
     def __post_init__(self) -> None:
         if self.swa_replay not in REPLAY_MODES:
@@ -112,6 +113,7 @@ class PrefixCache:
         w = self.window
         self.replay_tokens = num_layers * (w - 1) if config.swa_replay == "exact" else w
         self.host = HostTier(config.host_bytes, clock)
+        self.copies = HostCopies(pool)  # device -> host copies (overlapped on CUDA)
         self.rings = HostTier(config.ring_bytes, clock)
         self.store = store
         self.stats = dict.fromkeys(_STATS, 0)
@@ -303,6 +305,7 @@ class PrefixCache:
         points (the prefill chunk that ends at its prompt's last block boundary; each block
         boundary of its output, the last of which is kept when it finishes)."""
         bs = self.block_size
+        self.copies.poll()  # the previous steps' copies that have landed
         for req in reqs:
             n_full = req.num_cached // bs
             if n_full > req.published:
@@ -312,15 +315,24 @@ class PrefixCache:
                 continue
             key = ring_key(req.block_keys[at // bs - 1])
             if at == req.snapshot_at:
-                self._keep_ring(key, export_ring(self.pool, req.slot), req)
+                self.copies.ring(req.slot, partial(self._keep_ring, key))
             elif at > len(req.prompt_ids):
-                req.ring_pending = (key, export_ring(self.pool, req.slot))
+                self.copies.ring(req.slot, partial(self._ring_landed, req, key))
         self.flush()
 
+    def _ring_landed(self, req: Request, key: bytes, rec: bytes) -> None:
+        # Copies land in order, so the last one to land is the latest boundary's. One that lands
+        # after the request finished is kept at once (it is the end of the output).
+        if req.finished:
+            self._keep_ring(key, rec)
+        else:
+            req.ring_pending = (key, rec)
+
     def on_finish(self, req: Request) -> None:
-        """The request ends here: keep its end-of-output ring snapshot."""
+        """The request ends here: keep its end-of-output ring snapshot (one still being copied
+        is kept when it lands: `_ring_landed`)."""
         if req.ring_pending is not None:
-            self._keep_ring(*req.ring_pending, req)
+            self._keep_ring(*req.ring_pending)
             req.ring_pending = None
 
     def _publish(self, req: Request, n_full: int) -> None:
@@ -337,17 +349,21 @@ class PrefixCache:
             self.stats["published"] += 1
             if key in self.host:
                 continue
-            rec = bytes(export_blocks(self.pool, [blk]))
-            self.host.put(key, rec)
-            if i >= req.stored:
-                self._write(key, rec, ttl)
+            ttl_or_none = ttl if i >= req.stored else None
+            self.copies.blocks([blk], partial(self._block_landed, key, ttl_or_none))
         req.published = req.stored = n_full
 
-    def _keep_ring(self, key: bytes, rec: bytearray, req: Request) -> None:
+    def _block_landed(self, key: bytes, store_ttl: float | None, rec: bytes) -> None:
+        """A published block's record reached the host: keep it, and write it to the store
+        unless it came from there (`store_ttl` None)."""
+        self.host.put(key, rec)
+        if store_ttl is not None:
+            self._write(key, rec, store_ttl)
+
+    def _keep_ring(self, key: bytes, rec: bytes) -> None:
         self.stats["snapshots"] += 1
-        data = bytes(rec)
-        self.rings.put(key, data, self.config.ring_ttl_s)
-        self._write(key, data, self.config.ring_ttl_s)
+        self.rings.put(key, rec, self.config.ring_ttl_s)
+        self._write(key, rec, self.config.ring_ttl_s)
 
     def _bad(self, key: bytes, err: Exception) -> None:
         """A record that fails its checks is a miss; it is dropped from every tier."""
@@ -391,6 +407,7 @@ class PrefixCache:
 
     def drain(self, timeout: float = 30.0) -> None:
         """Wait (bounded) until every queued store write is done (shutdown, tests)."""
+        self.copies.drain()
         self.flush()
         if self._writer is not None:
             self._writer.submit(lambda: None).result(timeout)

@@ -40,11 +40,13 @@ class Request:
     stored: int = 0  # leading blocks known to be in the persistent store
     fetch: Any = None  # the store read-ahead in flight (a Future)
     fetched: dict[bytes, bytes] | None = None  # its result, until admission
-    ring_pending: tuple[bytes, bytearray] | None = None  # latest output ring snapshot
+    ring_pending: tuple[bytes, bytes] | None = None  # latest output ring snapshot
     # Structured output: the constraint (travels with the request) and its matcher here
     # (structured.runtime.GrammarState, consumed every output token so far).
     constraint: Constraint | None = None
     grammar: Any = None
+    # Whether the output holds the end of thinking (SamplingParams.thinking_budget's count).
+    thinking_ended: bool = False
     # The log probabilities of the token the runner sampled this step, when params.logprobs
     # asks for them (EngineCore.step takes them into the StepResult).
     new_logprob: TokenLogprob | None = None

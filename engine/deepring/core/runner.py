@@ -76,13 +76,20 @@ class ModelRunner:
             if pending is not None:
                 self.masks.wait(pending)  # never leave a helper thread holding the matchers
         tokens: list[int] = []
+        forced = _forced(sampling)
         if sampling and greedy:
             tokens = out_step.greedy.tolist()
             if pending is not None:
                 tokens = self.masks.fix_greedy(tokens, pending, self._logits_of(out_step.last))
+            for i, tok in forced.items():
+                tokens[i] = tok
         elif sampling:
             if pending is not None:
                 self.masks.apply(out_step.logits, pending)  # logprobs then include the masks
+            with torch.inference_mode():  # (the logits are inference tensors)
+                for i, tok in forced.items():  # the only token left: sampled, logprob 0
+                    out_step.logits[i] = float("-inf")
+                    out_step.logits[i, tok] = 0.0
             rows = [s.request for s in sampling]
             sampled = self.sampler.sample(out_step.logits, rows)
             tokens = sampled.tokens
@@ -116,6 +123,19 @@ class ModelRunner:
 
             self.masks = TokenMasks(self.model.config.vocab_size)
         return self.masks.start(states)
+
+
+def _forced(sampling: list[Scheduled]) -> dict[int, int]:
+    """Rows whose thinking budget is spent: the token they must take (`</think>`). With a
+    grammar, only once the grammar accepts it (the reasoning may be inside a multi-byte
+    character for a token or two)."""
+    out = {}
+    for i, s in enumerate(sampling):
+        r = s.request
+        tok = r.params.forced_think_end(len(r.output_ids), r.thinking_ended)
+        if tok is not None and (r.grammar is None or r.grammar.allows(tok)):
+            out[i] = tok
+    return out
 
 
 def cpu_setup(threads: int | None) -> None:

@@ -4,7 +4,8 @@ The runner keeps the ModelRunner contract (feed each scheduled chunk, return a t
 chunk that completes its request's known tokens) but never touches a model or a cache: the token
 at position p of a request with seed s is a fixed function of (s, p), drawn from ordinary text so
 that the protocol layer decodes and parses it like real output. EOS is never produced; requests
-end at max_tokens (or when aborted). Penalties do not apply; a request that asks for log
+end at max_tokens (or when aborted). A thinking budget ends the reasoning as with a model.
+Penalties do not apply; a request that asks for log
 probabilities gets 0 (certain) for each token. Scheduling, block accounting, handoffs and the
 rings all run as they do with a real model.
 """
@@ -56,7 +57,8 @@ class ZeroCostRunner:
             if not completes:
                 out.append(None)
                 continue
-            tok = self.token_at(r.seed, r.num_tokens)
+            forced = r.params.forced_think_end(len(r.output_ids), r.thinking_ended)
+            tok = self.token_at(r.seed, r.num_tokens) if forced is None else forced
             k = r.params.logprobs
             if k is not None:
                 # A canned token is certain: log probability 0, and no alternative.

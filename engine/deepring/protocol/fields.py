@@ -52,6 +52,8 @@ class Served:
     must_call: bool = False
     # The JSON Schema the answer must match (Messages output_format / output_config.format).
     output_schema: dict | None = None
+    # Tokens of reasoning before `</think>` is forced (thinking.budget_tokens), when thinking.
+    thinking_budget: int | None = None
     # Responses: what the response object reports beyond the recipe's echo
     # (ResponsesEcho.with_served keyword arguments).
     echo: dict[str, Any] = field(default_factory=dict)
@@ -219,6 +221,17 @@ def _output_config(ctx: _Ctx, name: str, v: Any) -> None:
         _output_format(ctx, "output_config.format", v.get("format"))
 
 
+def _thinking(ctx: _Ctx, name: str, v: Any) -> None:
+    """thinking.budget_tokens (Anthropic's; the recipe reads Chat's too but ignores it): the
+    reasoning gets at most that many tokens, then `</think>` is forced (engine side). The recipe
+    has checked the object's shape."""
+    budget = v.get("budget_tokens") if isinstance(v, dict) else None
+    valid = isinstance(budget, int) and not isinstance(budget, bool) and budget >= 0
+    if valid and ctx.conv.conversation.thinking_mode:
+        ctx.served.thinking_budget = min(budget, _MAX_BUDGET)
+
+
+_MAX_BUDGET = 2**31 - 1  # beyond any max_tokens: the same as no budget
 _NO_STORE = "this server stores nothing"
 _SERVING = {
     CHAT: {
@@ -236,6 +249,7 @@ _SERVING = {
         "web_search_options": _only(why="not supported: no web search is served"),
         "functions": _only(why="not supported: use tools"),
         "function_call": _only(why="not supported: use tool_choice"),
+        "thinking": _thinking,
     },
     RESPONSES: {
         "parallel_tool_calls": _parallel_tool_calls,
@@ -264,6 +278,7 @@ _SERVING = {
         "container": _only(why="not supported: no code execution is served"),
         "mcp_servers": _only([], why="not supported: no MCP connector is served"),
         "context_management": _only(why="not supported: the context is never edited"),
+        "thinking": _thinking,
     },
 }  # fmt: skip
 
@@ -354,10 +369,10 @@ _INTEGERS = {
 def explain_parse_error(api: str, body: Any, message: str) -> ApiError:
     """A clearer 400 than serde's for what clients commonly send wrong, naming the field: a
     decimal where an integer goes (OpenAI refuses `16.0` too: "Invalid type for
-    'max_output_tokens': expected an integer, but got a decimal number instead."), and
-    tool_choice allowed_tools, which the protocol types do not know. Otherwise the recipe's."""
+    'max_output_tokens': expected an integer, but got a decimal number instead."). Otherwise
+    the recipe's."""
     try:  # the body may not be JSON at all: then the recipe's message says so
-        got = request_fields(body, [*_INTEGERS[api], "tool_choice"])
+        got = request_fields(body, list(_INTEGERS[api]))
     except (ValueError, TypeError, OverflowError, RecursionError):
         return ApiError(400, message)
     if "floating point" in message:
@@ -368,9 +383,4 @@ def explain_parse_error(api: str, body: Any, message: str) -> ApiError:
                 return ApiError(400, f"{name}: Input should be a valid integer")
             what = "expected an integer, but got a decimal number instead."
             return field_error(name, f"Invalid type for '{name}': {what}", "invalid_type")
-    choice = got.get("tool_choice")
-    if isinstance(choice, dict) and choice.get("type") == "allowed_tools":
-        what = "declare only the tools the model may call, with tool_choice auto or required"
-        message = f"tool_choice allowed_tools is not supported: {what}"
-        return field_error("tool_choice", message, "unsupported_value")
     return ApiError(400, message)

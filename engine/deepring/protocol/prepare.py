@@ -20,7 +20,7 @@ import random
 import re
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -40,8 +40,8 @@ from deepring_recipe import (
     Tokenizer,
 )
 
-from deepring.protocol import fields
-from deepring.protocol.errors import ApiError
+from deepring.protocol import allowed_tools, fields
+from deepring.protocol.errors import ApiError, field_error
 from deepring.protocol.formats import PromptFormat
 from deepring.protocol.sampling import sampling_fields
 from deepring.protocol.tokenizer import max_token_bytes
@@ -98,6 +98,8 @@ class _Converted:
     conv: ConversationRequest
     model: str
     responses_extras: tuple | None  # Responses: (namespace tool map, echo)
+    allowed_tools: frozenset[str] | None = None  # tool_choice allowed_tools (its names)
+    body: bytes | str | dict | None = None  # the body the recipe read, when rewritten
 
 
 _CHARS_IN_REPR = re.compile(r"RenderedPrompt\(prompt=<(\d+) characters>")
@@ -154,6 +156,15 @@ class Recipe:
         )
 
     def _convert(self, api: Api, body: bytes | str | dict) -> _Converted:
+        # tool_choice allowed_tools, which the recipe does not know: the body with the mode as
+        # tool_choice, and the allowed names (protocol.allowed_tools).
+        again = allowed_tools.rewrite(api.name, body) if allowed_tools.mentioned(body) else None
+        if again is None:
+            return self._convert_once(api, body)
+        body, allowed = again
+        return replace(self._convert_once(api, body), allowed_tools=allowed, body=body)
+
+    def _convert_once(self, api: Api, body: bytes | str | dict) -> _Converted:
         try:
             req = api.request(body)
         except RecursionError as e:  # nesting beyond the limit
@@ -195,11 +206,15 @@ class Recipe:
             )
 
     def _constraint(
-        self, conv: ConversationRequest, served: fields.Served | None = None
+        self,
+        conv: ConversationRequest,
+        served: fields.Served | None = None,
+        allowed: frozenset[str] | None = None,
     ) -> Constraint | None:
         """The request's output constraint, validated: one llguidance cannot compile is a
         400 naming the problem (never a worker's error). `served`: what serving adds to the
-        recipe's constraint (protocol.fields)."""
+        recipe's constraint (protocol.fields); `allowed`: the tools it may call (tool_choice
+        allowed_tools)."""
         served = served or fields.Served()
         if (served.single_call or served.must_call) and structured.is_prefix_continuation(conv):
             raise ApiError(
@@ -214,7 +229,10 @@ class Recipe:
                 single_call=served.single_call,
                 must_call=served.must_call,
                 output_schema=served.output_schema,
+                allowed_tools=allowed,
             )
+        except structured.UnknownTool as e:
+            raise field_error("tool_choice", str(e)) from None
         except GrammarError as e:
             raise ApiError(400, f"Invalid output constraint: {e}") from None
 
@@ -226,21 +244,23 @@ class Recipe:
         self, api: Api, body: bytes | str | dict
     ) -> tuple[list[int], Constraint | None]:
         """The prompt token ids of a request body and its output constraint."""
-        conv = self._convert(api, body).conv
-        constraint = self._constraint(conv)
-        return self._encode(conv), constraint
+        c = self._convert(api, body)
+        constraint = self._constraint(c.conv, allowed=c.allowed_tools)
+        return self._encode(c.conv), constraint
 
     def prepare(self, api: Api, body: bytes | str | dict, max_model_len: int) -> Prepared:
         """Parse, convert, encode; resolve limits and sampling; build the stream processor.
         ApiError (with the protocol's status and body) when the request cannot be served."""
         c = self._convert(api, body)
+        # The fields are checked as the recipe read them (tool_choice allowed_tools: rewritten).
+        read = body if c.body is None else c.body
         # Before the encoding (the costly part): a field refused here costs nothing more.
-        keys, tags, got = fields.outline(body, api.name)
-        served = fields.check(api.name, body, c.conv, keys, tags, got)
+        keys, tags, got = fields.outline(read, api.name)
+        served = fields.check(api.name, read, c.conv, keys, tags, got)
         extra = sampling_fields(api.name, got, c.conv.inference_options)
         if isinstance(body, (bytes, str)) and len(body) > BOUND_CHECK_BYTES:
             self._check_length_bound(c.conv.conversation, max_model_len)
-        constraint = self._constraint(c.conv, served)
+        constraint = self._constraint(c.conv, served, allowed=c.allowed_tools)
         prompt_ids = self._encode(c.conv)
         conv = c.conv
         try:
@@ -262,6 +282,12 @@ class Recipe:
         if io.seed is not None:
             extra["seed"] = io.seed
         seed = extra["seed"] if extra.get("seed") is not None else random.getrandbits(63)
+        stage = conv.parsing_options.thinking_initial_stage
+        budget = served.thinking_budget
+        reasoning = stage is not None and stage.starts_in_reasoning()
+        if budget is not None and reasoning and self.markers.think_end is not None:
+            extra["thinking_budget"] = served.thinking_budget
+            extra["think_end_id"] = self.markers.think_end
         params = SamplingParams(
             temperature=float(io.temperature if io.temperature is not None else 1.0),
             top_p=float(io.top_p if io.top_p is not None else 1.0),

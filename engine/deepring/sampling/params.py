@@ -36,6 +36,8 @@ _WIRE_TYPES = {
     "stop_token_ids": lambda v: isinstance(v, tuple) and len(v) <= 4096 and all(map(_int32, v)),
     "ignore_eos": lambda v: isinstance(v, bool),
     "logprobs": lambda v: v is None or _int32(v),
+    "thinking_budget": lambda v: v is None or _int32(v),
+    "think_end_id": lambda v: v is None or _int32(v),
 }
 _FLOATS = ("temperature", "top_p", "min_p", "presence_penalty", "frequency_penalty")
 
@@ -65,6 +67,10 @@ class SamplingParams:
     probability and the k most likely alternatives (see sampling.sampler for the distribution).
     Generation stops at max_tokens, at an EOS token (unless ignore_eos) or at any of
     stop_token_ids (the stop token is kept in the output).
+    thinking_budget: for an output that starts in thinking mode, at most this many tokens of
+    reasoning: once the output holds thinking_budget tokens and no think_end_id (`</think>`), the
+    next token is think_end_id (the sampler is given nothing else; its log probability is 0),
+    and the answer follows. None: the reasoning is bounded by max_tokens only.
     """
 
     temperature: float = 1.0
@@ -78,6 +84,8 @@ class SamplingParams:
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
     logprobs: int | None = None
+    thinking_budget: int | None = None
+    think_end_id: int | None = None
 
     def __post_init__(self) -> None:
         if not self.temperature >= 0:
@@ -104,6 +112,18 @@ class SamplingParams:
             not isinstance(lp, int) or isinstance(lp, bool) or not 0 <= lp <= MAX_TOP_LOGPROBS
         ):
             raise ValueError(f"logprobs must be None or in [0, {MAX_TOP_LOGPROBS}], got {lp!r}")
+        budget, end = self.thinking_budget, self.think_end_id
+        if budget is not None:
+            if not _is_int(budget) or budget < 0:
+                raise ValueError(f"thinking_budget must be None or >= 0, got {budget!r}")
+            if not _is_int(end) or end < 0:
+                raise ValueError(f"a thinking_budget needs think_end_id (a token id), got {end!r}")
+
+    def forced_think_end(self, output_ids_len: int, thinking_ended: bool) -> int | None:
+        """The token the budget forces next (None: nothing is forced)."""
+        if self.thinking_budget is None or thinking_ended:
+            return None
+        return self.think_end_id if output_ids_len >= self.thinking_budget else None
 
     @property
     def greedy(self) -> bool:

@@ -86,10 +86,25 @@ def tool_calls(
     return _checked(kind, grammar)
 
 
+def _only(tools: list[dict], names: frozenset[str]) -> list[dict]:
+    declared = {(t.get("function") or {}).get("name") for t in tools}
+    unknown = sorted(names - declared)
+    if unknown:
+        raise UnknownTool(
+            f"tool_choice allowed_tools names {unknown[0]!r}, which is not among the request's "
+            "tools"
+        )
+    return [t for t in tools if (t.get("function") or {}).get("name") in names]
+
+
 def is_prefix_continuation(conv: Any) -> bool:
     """Whether the request continues an assistant prefix (its output is not constrained)."""
     messages = conv.conversation.messages
     return bool(messages) and messages[-1].role == "assistant" and bool(messages[-1].prefix)
+
+
+class UnknownTool(GrammarError):
+    """tool_choice allowed_tools names a tool the request does not declare."""
 
 
 def for_request(
@@ -99,12 +114,14 @@ def for_request(
     single_call: bool = False,
     must_call: bool = False,
     output_schema: Any = None,
+    allowed_tools: frozenset[str] | None = None,
 ) -> Constraint | None:
     """The constraint of a converted request (deepring_recipe.ConversationRequest), None when
     it has none. GrammarError when it cannot be enforced. What serving adds to the recipe's
     constraint (protocol.fields): single_call (at most one tool call per block), must_call (the
     output calls a tool: Messages tool_choice any), output_schema (a JSON Schema the answer must
-    match, for a request the recipe gives none: Messages output_format)."""
+    match, for a request the recipe gives none: Messages output_format), allowed_tools (the
+    only tools it may call; the prompt shows them all: tool_choice allowed_tools)."""
     oc = conv.inference_options.output_constraint
     options = conv.parsing_options
     stage = options.thinking_initial_stage
@@ -124,6 +141,8 @@ def for_request(
             tools = json.loads(oc.schema)
         except ValueError as e:
             raise GrammarError(f"the tool list is not JSON: {e}") from None
+        if allowed_tools is not None:
+            tools = _only(tools, allowed_tools)
         required = bool(options.starts_in_tool_calls)
         return tool_calls(
             tools,

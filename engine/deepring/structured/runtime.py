@@ -71,6 +71,10 @@ class GrammarState:
             self.error = self.matcher.get_error() or f"token {token} is not allowed here"
         return self.error is None
 
+    def allows(self, token: int) -> bool:
+        """Whether the grammar accepts `token` next (without consuming it)."""
+        return self.error is None and self.matcher.validate_tokens([token]) == 1
+
 
 class GrammarCompiler:
     def __init__(

@@ -5,18 +5,14 @@ Redis, behind one interface (`BlockStore`, base.py)."""
 from deepring.cache.store.base import COUNTERS, BlockStore, StoredBlock, StoreUnavailable
 from deepring.cache.store.directory import DirectoryStore
 from deepring.cache.store.sweeper import Sweeper
-from deepring.cache.store.ttl import AGENT_TTL_S, CHAT_TTL_S, TtlPolicy
 from deepring.cache.store.url import open_store
 
 __all__ = [
-    "AGENT_TTL_S",
-    "CHAT_TTL_S",
     "COUNTERS",
     "BlockStore",
     "DirectoryStore",
     "StoreUnavailable",
     "StoredBlock",
     "Sweeper",
-    "TtlPolicy",
     "open_store",
 ]
