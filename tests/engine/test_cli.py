@@ -63,6 +63,23 @@ def test_unknown_subcommand_is_rejected(capsys):
         (["serve", "--max-connections", "0"], "max_connections must be >= 1"),
         (["prefill", "--frontend", "ipc:///a,ipc:///a"], "listed twice"),
         (["prefill", "--frontend", "ipc:///a,localhost:1"], "ZeroMQ endpoint"),
+        (["serve", "--speculative", "dspark"], "needs a DSpark drafter; model 'tiny' has none"),
+        (
+            [
+                "decode",
+                "--frontend",
+                "tcp://h:1",
+                "--handoff-bind",
+                "tcp://*:1",
+                "--model",
+                "tiny-trained",
+                "--speculative",
+                "mtp",
+            ],
+            "model 'tiny-trained' has a DSpark drafter in their place",
+        ),
+        (["serve", "--speculative", "fixed:99"], "fixed:N needs N in 1..64"),
+        (["serve", "--speculative", "medusa"], "must be one of off, mtp, fixed:N, dspark"),
     ],
 )
 def test_serving_commands_refuse_bad_configurations(capsys, argv, message):

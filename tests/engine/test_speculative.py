@@ -186,3 +186,27 @@ def test_modes_are_refused_clearly(deepring_cache_dir):
         LLM("tiny", speculative="eagle")
     with pytest.raises(ValueError, match="fixed:N needs N"):
         LLM("tiny", speculative="fixed:0")
+
+
+def test_dspark_lengths_come_from_the_prefix_scheduler(deepring_cache_dir):
+    """plan() cuts each request's drafts to spec.schedule's lengths for its survival against
+    the step-time model's curve: confident requests verify more than doubtful ones."""
+    from deepring.core.request import Request
+    from deepring.cost.model import StepCost
+    from deepring.spec.schedule import schedule
+
+    llm = LLM("tiny-trained", max_model_len=512, speculative="dspark")
+    survival = [[0.95, 0.9, 0.85, 0.8, 0.75], [0.5, 0.1, 0.02, 0.01, 0.0], [0.3, 0.2, 0.1, 0.05, 0]]
+    reqs = []
+    for i, a in enumerate(survival):
+        r = Request(rid=i, prompt_ids=[5] * 10, params=GREEDY, seed=0)
+        r.drafts, r.survival = [7, 8, 9, 10, 11], list(a)
+        reqs.append(r)
+    cost = StepCost.of(base=0.01, token=0.002, seq=0.0, pair=0.0, context=0.0)
+    llm.engine.spec.plan(reqs, cost)
+    want = schedule(survival, lambda b: 1 / (0.01 + 0.002 * b), 5)
+    assert [len(r.drafts) for r in reqs] == want
+    assert want[0] == 5
+    assert want[1] < 5
+    assert want[0] > want[2]
+    assert [r.drafts for r in reqs] == [[7, 8, 9, 10, 11][:n] for n in want]

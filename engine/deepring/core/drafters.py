@@ -24,8 +24,11 @@ from dataclasses import dataclass
 import torch
 
 from deepring.cache.pool import KVCachePool
+from deepring.config import SpecMode
 from deepring.core.request import Request
+from deepring.kernels.greedy_head import GreedyArgmax
 from deepring.model.batch import ForwardBatch, SeqChunk
+from deepring.model.config import ModelConfig
 from deepring.model.model import DeepseekV4, StepOutput
 
 Fed = list[tuple[Request, int, int, int]]  # (request, first position, rows, first batch row)
@@ -40,6 +43,7 @@ class Proposal:
 class MTPDrafter:
     taps: tuple[int, ...] = ()
     wants_hidden = True
+    schedules = False
 
     def __init__(self, model: DeepseekV4, pool: KVCachePool) -> None:
         self.model = model
@@ -95,8 +99,17 @@ class DSparkContext:
         n = model.config.num_hidden_layers
         self.rings = [lc.ring for lc in pool.layers[n : n + ds.num_stages]]
         self.window = model.config.sliding_window
+        # The drafts are argmax_v (U_k + W2 W1[prev])_v = argmax of one linear map of
+        # [h_k ; W1[prev]] by [lm_head | W2]: the greedy head (kernels.greedy_head) finds it
+        # without the vocabulary-wide logits, which cost more than the rest of the drafter.
+        self._head = GreedyArgmax()
+        markov = self.drafter.last.markov_head
+        self._w = torch.cat([model.lm_head.weight, markov.head.weight.to(model.dtype)], 1)
+        self._head.prepare(self._w)
         self.length = fixed if fixed is not None else ds.block_size
-        self.with_survival = fixed is None
+        # Only dspark lets the prefix scheduler cut the drafts by their survival; fixed:N
+        # reports it too (calibration is measured on it), and verifies all N.
+        self.schedules = fixed is None
 
     @torch.inference_mode()
     def observe(self, out: StepOutput, fed: Fed) -> None:
@@ -135,34 +148,49 @@ class DSparkContext:
         h = self.drafter.block_from_context(
             ctx, valid, anchor_ids, anchor_pos, self.model.model.embed_tokens
         )
-        toks, _logits, conf = self.drafter.draft_greedy(h, anchor_ids, self.model.lm_head.weight)
-        drafts = toks[:, : self.length].tolist()
-        if not self.with_survival:
-            return Proposal(drafts)
-        return Proposal(drafts, self.drafter.survival(conf).tolist())
+        embed = self.drafter.last.markov_head.embed
+        prev, prevs, toks = anchor_ids, [], []
+        for k in range(self.length):
+            prevs.append(prev)
+            y = torch.cat([h[:, k], embed(prev).to(h.dtype)], -1)
+            prev = self._head(y, self._w)
+            toks.append(prev)
+        conf = self.drafter.confidence_logits(h[:, : self.length], torch.stack(prevs, -1))
+        drafts = torch.stack(toks, -1).tolist()
+        survival = self.drafter.survival(conf)
+        return Proposal(drafts, survival.tolist())
 
 
-def make_drafter(mode, model: DeepseekV4, pool: KVCachePool, name: str):
-    """The drafter of a SpecMode for `model` (named `name` in errors). ValueError when the
-    model has none for that mode."""
-    ds = model.config.dspark
-    if mode.kind == "mtp":
-        if ds is not None or not len(model.mtp):
-            raise ValueError(
-                f"--speculative mtp needs MTP layers; model {name!r} has "
-                + ("a DSpark drafter in their place (use dspark or fixed:N)" if ds else "none")
-            )
-        return MTPDrafter(model, pool)
+def drafter_problem(mode: SpecMode, config: ModelConfig, name: str) -> str | None:
+    """Why model `name` (its config) cannot run speculative `mode` (None: it can): checked
+    at start-up, before any weights load."""
+    ds = config.dspark
+    if mode.kind == "mtp" and (ds is not None or config.num_nextn_predict_layers < 1):
+        return f"--speculative mtp needs MTP layers; model {name!r} has " + (
+            "a DSpark drafter in their place (use dspark or fixed:N)" if ds else "none"
+        )
     if mode.kind in ("fixed", "dspark"):
         if ds is None:
-            raise ValueError(
-                f"--speculative {mode} needs a DSpark drafter; model {name!r} has none"
-                + (" (it has MTP layers: use --speculative mtp)" if len(model.mtp) else "")
+            has_mtp = config.num_nextn_predict_layers > 0
+            return f"--speculative {mode} needs a DSpark drafter; model {name!r} has none" + (
+                " (it has MTP layers: use --speculative mtp)" if has_mtp else ""
             )
         if mode.kind == "fixed" and mode.length > ds.block_size:
-            raise ValueError(
+            return (
                 f"--speculative {mode}: model {name!r}'s DSpark drafter drafts at most "
                 f"{ds.block_size} tokens"
             )
+    return None
+
+
+def make_drafter(mode: SpecMode, model: DeepseekV4, pool: KVCachePool, name: str):
+    """The drafter of `mode` for `model` (named `name` in errors). ValueError when the model
+    has none for that mode."""
+    problem = drafter_problem(mode, model.config, name)
+    if problem is not None:
+        raise ValueError(problem)
+    if mode.kind == "mtp":
+        return MTPDrafter(model, pool)
+    if mode.kind in ("fixed", "dspark"):
         return DSparkContext(model, pool, mode.length if mode.kind == "fixed" else None)
     raise ValueError(f"no drafter for --speculative {mode}")

@@ -265,6 +265,9 @@ class EngineCore:
             cache_class=cache_class if cache_class in CACHE_CLASSES else "chat",
             constraint=constraint,
             grammar=grammar,
+            # The sender's drafter context travels in the slot state (serve starts prefill and
+            # decode workers with the same --speculative).
+            draft_from=0 if self.spec is not None else None,
         )
         if self.prefix is not None:
             self.prefix.adopt(req)
@@ -331,6 +334,8 @@ class EngineCore:
     def step(self) -> list[StepResult]:
         """One scheduled step. Finished requests are freed before this returns."""
         t0 = self.clock()
+        if self.spec is not None:
+            self.spec.plan(self.scheduler.running, self.cost.model)
         scheduled = self.scheduler.schedule()
         if not scheduled:
             if self.prefix is not None and self.scheduler.waiting:

@@ -24,27 +24,23 @@ cache (which publishes blocks below num_cached) never sees a rejected token.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
+
+import torch
 
 from deepring.core.request import Request
 from deepring.core.runner import ModelRunner
 from deepring.core.scheduler import Scheduled
 from deepring.core.spec_rollback import Span, StepRollback
+from deepring.cost.model import StepCost
 from deepring.model.batch import ForwardBatch, SeqChunk
 from deepring.sampling.params import TokenLogprob
 from deepring.sampling.sampler import SampleRow
+from deepring.spec.accept import accept_greedy
+from deepring.spec.profile import StepsPerSecond
+from deepring.spec.schedule import schedule
 
 Run = list[tuple[int, TokenLogprob | None]]  # tokens a step emits for a request, in order
-
-
-def accepted_prefix(drafts: Sequence[int], target: Sequence[int]) -> int:
-    """How many leading drafts equal the target's tokens (target[k] stands where drafts[k]
-    does; target has one more, the token after the last accepted draft)."""
-    n = 0
-    while n < len(drafts) and drafts[n] == target[n]:
-        n += 1
-    return n
 
 
 @dataclass
@@ -74,8 +70,34 @@ class SpecRunner:
         self.verified = 0  # drafts fed to the target
         self.accepted = 0  # of them, accepted
         self.spec_steps = 0  # request-steps that carried drafts
+        self.scheduled_drafts = 0  # drafts the prefix scheduler kept (dspark)
+        # When a list: (survival of the verified drafts, drafts accepted) per request-step
+        # whose drafter reports survival (calibration measurements: bench/speculative.py).
+        self.record: list[tuple[list[float], int]] | None = None
 
     # ---- the verify step -------------------------------------------------------------------
+
+    def plan(self, running: list[Request], cost: StepCost) -> None:
+        """Cut the drafts of the requests whose drafter reported survival to the lengths the
+        prefix scheduler (spec.schedule, Algorithm 1) picks for the batch, against the
+        steps-per-second curve of the engine's step-time model. The survival is the previous
+        step's (the drafts were proposed then), so this never waits on a drafter."""
+        if not getattr(self.drafter, "schedules", False):
+            return
+        reqs = [r for r in running if r.drafts and r.survival is not None]
+        if not reqs:
+            return
+        others = len(running) - len(reqs)  # tokens the step feeds whatever the lengths
+        most = sum(len(r.drafts) for r in reqs)
+        seqs = len(running)
+        context = float(sum(r.num_tokens for r in running))
+        sps = StepsPerSecond.from_step_cost(cost, [seqs, seqs + most], seqs=seqs, context=context)
+        lengths = schedule(
+            [r.survival for r in reqs], lambda b: sps(b + others), [len(r.drafts) for r in reqs]
+        )
+        for r, n in zip(reqs, lengths, strict=True):
+            r.drafts = r.drafts[:n]
+            self.scheduled_drafts += n
 
     def verify(self, scheduled: list[Scheduled]) -> list[Run]:
         """Run the step; per scheduled request the tokens it emits (empty mid-prompt)."""
@@ -155,20 +177,31 @@ class SpecRunner:
                 out.logits, [_row(scheduled[i].request, k) for i, k in rows]
             )
             tokens, lps = sampled.tokens, sampled.logprobs
-        runs: list[Run] = [[] for _ in scheduled]
         ys: list[list[tuple[int, TokenLogprob | None]]] = [[] for _ in scheduled]
         for (i, _k), tok, lp in zip(rows, tokens, lps, strict=True):
             ys[i].append((tok, lp))
-        for i, s in enumerate(scheduled):
-            if s.num_drafts:
-                drafts = s.request.drafts[: s.num_drafts]
-                n = accepted_prefix(drafts, [t for t, _ in ys[i]])
+        runs: list[Run] = list(ys)
+        spec = [i for i, s in enumerate(scheduled) if s.num_drafts]
+        if spec:
+            # Greedy or sampled alike: a draft stays while it equals the target's own token
+            # there (module docstring), so spec.accept's greedy rule decides both.
+            width = max(scheduled[i].num_drafts for i in spec)
+            drafts = torch.zeros(len(spec), width, dtype=torch.long)
+            target = torch.zeros(len(spec), width + 1, dtype=torch.long)
+            for row, i in enumerate(spec):
+                g = scheduled[i].num_drafts
+                drafts[row, :g] = torch.tensor(scheduled[i].request.drafts[:g])
+                target[row, : g + 1] = torch.tensor([t for t, _ in ys[i]])
+            lengths = torch.tensor([scheduled[i].num_drafts for i in spec])
+            n_acc, _next = accept_greedy(drafts, lengths, target)
+            for i, n in zip(spec, n_acc.tolist(), strict=True):
+                r = scheduled[i].request
+                if self.record is not None and r.survival is not None:
+                    self.record.append((r.survival[: scheduled[i].num_drafts], n))
                 runs[i] = ys[i][: n + 1]
-                self.verified += len(drafts)
+                self.verified += scheduled[i].num_drafts
                 self.accepted += n
                 self.spec_steps += 1
-            else:
-                runs[i] = ys[i]
         self._pending = _Pending(scheduled, batch, out, rollback, span_of, offsets, starts)
         return runs
 

@@ -211,11 +211,21 @@ class DSparkDrafter(nn.ModuleList):
         mask = torch.cat([ctx_valid[:, None, :].expand(-1, g, -1), own], -1)
         dt = self.first.main_proj.weight.dtype
         h = embed(ids).to(dt).unsqueeze(2).expand(-1, -1, self.config.hc_mult, -1)
+        h = h.reshape(b * g, self.config.hc_mult, -1).contiguous()
         cs = self.rope().cos_sin(pos, "main")
+        no_ids = torch.zeros(b * g, dtype=torch.long, device=dev)  # learned routing: unused
         for stage, kv in zip(self, ctx_kv, strict=True):
-            h = _stage(stage, h, kv.to(dt), cs, mask)
+            # The plain _stage's math through the engine's modules (hyper-connection kernels,
+            # packed MoE): a serving step's drafter cost is mostly these small ops.
+            post, comb, x = stage.attn_hc(h)
+            a = _attention(stage, stage.input_layernorm(x).view(b, g, -1), kv.to(dt), cs, mask)
+            h = HyperConnection.merge(h, a.reshape(b * g, -1), post, comb)
+            post, comb, x = stage.ffn_hc(h)
+            h = HyperConnection.merge(
+                h, stage.mlp(stage.post_attention_layernorm(x), no_ids), post, comb
+            )
         last = self.last
-        return _rms(_hc_head(last.hc_head, h), last.norm)
+        return last.norm(last.hc_head(h)).view(b, g, -1)
 
     def markov_bias(self, prev_ids: torch.Tensor, rows: torch.Tensor | None = None):
         return self.last.markov_head.bias(prev_ids, rows)
