@@ -4,6 +4,7 @@ and the drafts the engine proposes are the plain forward's greedy drafts."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 from deepring import LLM, SamplingParams
 from deepring.core.drafters import DSparkContext
@@ -37,7 +38,9 @@ def test_block_from_context_equals_block_hidden(deepring_cache_dir):
     torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
 
 
-def test_engine_drafts_are_the_plain_forwards(deepring_cache_dir, monkeypatch):
+@pytest.mark.parametrize("batch", [1, 2])
+def test_engine_drafts_are_the_plain_forwards(deepring_cache_dir, monkeypatch, batch):
+    """batch 1 takes the bf16 block logits (drafters.SMALL_BLOCK), batch 2 the greedy head."""
     llm = LLM("tiny-trained", max_model_len=512, max_num_seqs=4, speculative="fixed:5")
     seen = []
     propose = DSparkContext.propose
@@ -50,11 +53,12 @@ def test_engine_drafts_are_the_plain_forwards(deepring_cache_dir, monkeypatch):
 
     monkeypatch.setattr(DSparkContext, "propose", spy)
     text = "import os\n\n\ndef main(argv):\n    for name in argv:\n        print(name)\n"
-    llm.generate([text, "class A:\n    pass\n" * 3], SamplingParams(temperature=0, max_tokens=40))
-    assert len(seen) > 10
+    prompts = [text, "class A:\n    pass\n" * 3][:batch]
+    llm.generate(prompts, SamplingParams(temperature=0, max_tokens=60))
+    assert len(seen) >= 8
     model, pool = llm.model, llm.engine.pool
     dr = model.mtp
-    agree = 0
+    agree = total = 0
     for tokens, drafts in seen:
         # The whole sequence once through the target in a scratch slot, for its taps.
         chunk = SeqChunk(tokens[:-1], 0, 3, list(range(1, 6)), logits="none")
@@ -68,6 +72,8 @@ def test_engine_drafts_are_the_plain_forwards(deepring_cache_dir, monkeypatch):
                 model.model.embed_tokens,
             )
             want, _, _ = dr.draft_greedy(h[0, 0], torch.tensor(tokens[-1]), model.lm_head.weight)
-        agree += want.tolist()[: len(drafts)] == drafts
-    # Taps from decode steps and from one prefill differ in rounding only.
-    assert agree >= len(seen) - 1, (agree, len(seen))
+        agree += sum(a == b for a, b in zip(want.tolist(), drafts, strict=False))
+        total += len(drafts)
+    # Taps from decode steps and from one prefill differ in rounding only (and batch 1's
+    # logits are bf16: a near-tie may go the other way).
+    assert agree >= 0.9 * total, (agree, total)
