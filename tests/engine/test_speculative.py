@@ -202,11 +202,48 @@ def test_dspark_lengths_come_from_the_prefix_scheduler(deepring_cache_dir):
         r = Request(rid=i, prompt_ids=[5] * 10, params=GREEDY, seed=0)
         r.drafts, r.survival = [7, 8, 9, 10, 11], list(a)
         reqs.append(r)
-    cost = StepCost.of(base=0.01, token=0.002, seq=0.0, pair=0.0, context=0.0)
-    llm.engine.spec.plan(reqs, cost)
-    want = schedule(survival, lambda b: 1 / (0.01 + 0.002 * b), 5)
+    spec = llm.engine.spec
+    # The start-up profile timed real steps: a draft costs something, and its scratch slots
+    # and blocks were given back.
+    assert spec.token_seconds > 0
+    assert spec.base_seconds > 0
+    assert llm.engine.slots.num_free == llm.engine.slots.num_slots
+    assert llm.engine.blocks.num_used == 0
+    # Against the profiled curve (set here to known values) ...
+    spec.base_seconds, spec.seq_seconds, spec.token_seconds = 0.004, 0.002, 0.002
+    spec.plan(reqs, StepCost.of(base=1.0, token=0.0, seq=0.0, pair=0.0, context=0.0))
+    want = schedule(survival, lambda b: 1 / (0.004 + 0.002 * b), 5)
     assert [len(r.drafts) for r in reqs] == want
     assert want[0] == 5
     assert want[1] < 5
     assert want[0] > want[2]
     assert [r.drafts for r in reqs] == [[7, 8, 9, 10, 11][:n] for n in want]
+    # ... or, without a profile, the step-time model's.
+    for r in reqs:
+        r.drafts = [7, 8, 9, 10, 11]
+    spec.token_seconds = None
+    spec.plan(reqs, StepCost.of(base=0.01, token=0.002, seq=0.0, pair=0.0, context=0.0))
+    assert [len(r.drafts) for r in reqs] == schedule(survival, lambda b: 1 / (0.01 + 0.002 * b), 5)
+
+
+def test_dspark_drafter_rests_when_no_draft_is_worth_it(deepring_cache_dir):
+    """Drafts so expensive that none is verified: the drafter then skips REST_STEPS steps
+    (no drafts), and drafts again; the output stays the plain one."""
+    from deepring.core.speculative import REST_STEPS
+
+    prompts = _prompts(8, (30,))
+    plain = LLM("tiny-trained", max_model_len=512).generate(prompts, GREEDY)
+    llm = LLM("tiny-trained", max_model_len=512, speculative="dspark")
+    spec = llm.engine.spec
+    spec.token_seconds = 10.0  # seconds per verified draft: never worth it
+    carried = []
+    engine = llm.engine
+    req = engine.add(0, prompts[0], GREEDY, seed=0)
+    while engine.has_work:
+        carried.append(bool(req.drafts))
+        engine.step()
+    assert req.output_ids == plain[0].token_ids
+    assert spec.verified == 0
+    # Proposed after the prompt, cut by the plan, then REST_STEPS steps without drafting.
+    assert carried[1 : 3 + REST_STEPS] == [True] + [False] * REST_STEPS + [True]
+    assert carried.count(True) >= 3

@@ -116,6 +116,7 @@ class EngineCore:
                 f"{self.pool.cache.backtrack} ring rows for rollback (CacheConfig.backtrack)"
             )
         self.spec = SpecRunner(self.runner, drafter)
+        self.spec.profile(self.slots, self.blocks)
 
     @property
     def pool(self) -> KVCachePool | None:

@@ -24,10 +24,12 @@ cache (which publishes blocks below num_cached) never sees a rejected token.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 import torch
 
+from deepring.cache.allocator import BlockAllocator, SlotAllocator
 from deepring.core.request import Request
 from deepring.core.runner import ModelRunner
 from deepring.core.scheduler import Scheduled
@@ -37,8 +39,15 @@ from deepring.model.batch import ForwardBatch, SeqChunk
 from deepring.sampling.params import TokenLogprob
 from deepring.sampling.sampler import SampleRow
 from deepring.spec.accept import accept_greedy
-from deepring.spec.profile import StepsPerSecond
+from deepring.spec.profile import StepsPerSecond, profile
 from deepring.spec.schedule import schedule
+
+# The start-up profile (SpecRunner.profile): requests, their position, the token they feed.
+PROFILE_REQUESTS = 4
+PROFILE_AT = 64
+PROFILE_TOKEN = 5
+# Steps dspark's drafter rests once drafting did not pay (SpecRunner.plan).
+REST_STEPS = 4
 
 Run = list[tuple[int, TokenLogprob | None]]  # tokens a step emits for a request, in order
 
@@ -74,14 +83,57 @@ class SpecRunner:
         # When a list: (survival of the verified drafts, drafts accepted) per request-step
         # whose drafter reports survival (calibration measurements: bench/speculative.py).
         self.record: list[tuple[list[float], int]] | None = None
+        # A decode step's seconds: base + per request + per verified draft, timed at start-up
+        # (profile; None: the engine's step-time model instead).
+        self.token_seconds: float | None = None
+        self.seq_seconds = self.base_seconds = 0.0
+        self._rest = 0  # steps the drafter skips (plan: drafting did not pay)
+        self.draft_seconds = 0.0  # the drafter's last proposal, seconds per request
 
-    # ---- the verify step -------------------------------------------------------------------
+    def profile(self, slots: SlotAllocator, blocks: BlockAllocator) -> None:
+        """Time steps at start-up (before any request: scratch slots and blocks, given back):
+        one request feeding one token, n requests one each, n requests a whole block each. The
+        engine's online step-time model is no use here: in speculative steps the tokens grow
+        with the requests, so its fit puts their cost on the requests, and the prefix
+        scheduler would then verify every draft whatever it costs."""
+        if not getattr(self.drafter, "schedules", False):
+            return
+        per = self.drafter.length + 1
+        n = min(PROFILE_REQUESTS, slots.num_free)
+        need = -(-(PROFILE_AT + per) // self.runner.block_size)
+        if n < 2 or blocks.num_free < n * need:
+            return
+        taken = [(slots.allocate(), blocks.allocate(need)) for _ in range(n)]
+        rope, dev = self.model.rope_tables(), self.model.device
+
+        def step(tokens: int) -> None:  # 1: one request; n: n requests; n * per: n blocks
+            reqs, each = (1, 1) if tokens == 1 else (n, tokens // n)
+            chunks = [
+                SeqChunk([PROFILE_TOKEN] * each, PROFILE_AT, slot, blk, logits="all")
+                for slot, blk in taken[:reqs]
+            ]
+            batch = ForwardBatch.build(chunks, rope, self.runner.block_size, dev)
+            self.model(batch, self.pool, greedy=True, taps=self.drafter.taps)
+            if dev.type == "cuda":
+                torch.cuda.synchronize(dev)
+
+        try:
+            curve = profile(step, [1, n, n * per], repeats=3, budget_s=10.0)
+        finally:
+            for slot, blk in taken:
+                slots.free(slot)
+                blocks.free(blk)
+        one, plain, full = (curve.seconds_at(b) for b in (1, n, n * per))
+        self.seq_seconds = max(plain - one, 0.0) / (n - 1)
+        self.base_seconds = max(one - self.seq_seconds, 0.0)
+        self.token_seconds = max(full - plain, 0.0) / (n * (per - 1))
 
     def plan(self, running: list[Request], cost: StepCost) -> None:
         """Cut the drafts of the requests whose drafter reported survival to the lengths the
         prefix scheduler (spec.schedule, Algorithm 1) picks for the batch, against the
-        steps-per-second curve of the engine's step-time model. The survival is the previous
-        step's (the drafts were proposed then), so this never waits on a drafter."""
+        steps-per-second curve of the start-up profile (or of the engine's step-time model).
+        The survival is the previous step's (the drafts were proposed then), so this never
+        waits on a drafter."""
         if not getattr(self.drafter, "schedules", False):
             return
         reqs = [r for r in running if r.drafts and r.survival is not None]
@@ -91,13 +143,30 @@ class SpecRunner:
         most = sum(len(r.drafts) for r in reqs)
         seqs = len(running)
         context = float(sum(r.num_tokens for r in running))
-        sps = StepsPerSecond.from_step_cost(cost, [seqs, seqs + most], seqs=seqs, context=context)
+        if self.token_seconds is None:
+            sps = StepsPerSecond.from_step_cost(
+                cost, [seqs, seqs + most], seqs=seqs, context=context
+            )
+        else:
+            plain = self.base_seconds + self.seq_seconds * seqs
+            extra = plain + self.token_seconds * most
+            sps = StepsPerSecond([(seqs, plain), (seqs + most, extra)])
         lengths = schedule(
             [r.survival for r in reqs], lambda b: sps(b + others), [len(r.drafts) for r in reqs]
         )
         for r, n in zip(reqs, lengths, strict=True):
             r.drafts = r.drafts[:n]
             self.scheduled_drafts += n
+        # The schedule takes this step's drafts as paid for. Whether drafting pays at all is
+        # the drafter's time too: when the expected tokens per second with this schedule and
+        # the drafter's last measured time (scaled to the batch) do not beat plain decoding's,
+        # the drafter rests a few steps (its context is still fed) before the batch is looked
+        # at again.
+        tau = seqs + sum(sum(r.survival[:n]) for r, n in zip(reqs, lengths, strict=True))
+        verify_s = 1.0 / sps(seqs + sum(lengths))
+        draft_s = self.draft_seconds * len(reqs)
+        if tau / (verify_s + draft_s) <= seqs * sps(seqs):
+            self._rest = REST_STEPS
 
     def verify(self, scheduled: list[Scheduled]) -> list[Run]:
         """Run the step; per scheduled request the tokens it emits (empty mid-prompt)."""
@@ -240,12 +309,20 @@ class SpecRunner:
         for r, _start, _n, _off in fed:
             if r.pending != 1:
                 r.drafts, r.survival = [], None
+        if self._rest > 0:
+            self._rest -= 1
+            for r in decoding:
+                r.drafts, r.survival = [], None
+            decoding = []
         if decoding:
+            t0 = time.perf_counter()
             prop = self.drafter.propose(decoding)
             for i, r in enumerate(decoding):
                 r.drafts = list(prop.drafts[i])
                 r.survival = list(prop.survival[i]) if prop.survival is not None else None
                 _fit_drafts(r, self.model.config.vocab_size)
+            # (the .tolist() of the proposal synchronised the device: this is its time)
+            self.draft_seconds = (time.perf_counter() - t0) / len(decoding)
 
 
 def _draft_states(req: Request, n: int) -> list:
