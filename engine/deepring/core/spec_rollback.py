@@ -62,7 +62,7 @@ class StepRollback:
         self.block_size = pool.cache.block_size
         self.rows: list[_Rows] = []
         self.tails: list[tuple[torch.Tensor, _Rows]] = []
-        for lc in pool.layers[:num_layers]:
+        for lc in pool.layers[:num_layers] if spans else ():  # nothing to snapshot
             self._snap(lc.ring, self._ring_rows)
             for name in TAILS:
                 t = getattr(lc, name)

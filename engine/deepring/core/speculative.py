@@ -48,6 +48,7 @@ PROFILE_AT = 64
 PROFILE_TOKEN = 5
 # Steps dspark's drafter rests once drafting did not pay (SpecRunner.plan).
 REST_STEPS = 4
+REST_MAX = 64  # each consecutive rest twice as long as the last, up to this
 
 Run = list[tuple[int, TokenLogprob | None]]  # tokens a step emits for a request, in order
 
@@ -88,6 +89,7 @@ class SpecRunner:
         self.token_seconds: float | None = None
         self.seq_seconds = self.base_seconds = 0.0
         self._rest = 0  # steps the drafter skips (plan: drafting did not pay)
+        self._rest_len = 0  # the last rest's length (0: drafting paid last time)
         self.draft_seconds = 0.0  # the drafter's last proposal, seconds per request
 
     def profile(self, slots: SlotAllocator, blocks: BlockAllocator) -> None:
@@ -166,7 +168,10 @@ class SpecRunner:
         verify_s = 1.0 / sps(seqs + sum(lengths))
         draft_s = self.draft_seconds * len(reqs)
         if tau / (verify_s + draft_s) <= seqs * sps(seqs):
-            self._rest = REST_STEPS
+            self._rest_len = min(2 * self._rest_len, REST_MAX) if self._rest_len else REST_STEPS
+            self._rest = self._rest_len
+        else:
+            self._rest_len = 0
 
     def verify(self, scheduled: list[Scheduled]) -> list[Run]:
         """Run the step; per scheduled request the tokens it emits (empty mid-prompt)."""
