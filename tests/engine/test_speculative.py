@@ -247,3 +247,16 @@ def test_dspark_drafter_rests_when_no_draft_is_worth_it(deepring_cache_dir):
     # Proposed after the prompt, cut by the plan, then REST_STEPS steps without drafting.
     assert carried[1 : 3 + REST_STEPS] == [True] + [False] * REST_STEPS + [True]
     assert carried.count(True) >= 3
+
+
+@pytest.mark.parametrize("mode", ["fixed:3", "dspark"])
+def test_random_weight_drafter_is_noise_but_lossless(deepring_cache_dir, mode):
+    """tiny-trained's architecture with seeded random weights (--load-format dummy): its DSpark
+    drafts are noise, the output is still plain decoding's."""
+    prompts = _prompts(9, (5, 40, 130))
+    kw = {"load_format": "dummy", "max_model_len": 512}
+    want = LLM("tiny-trained", **kw).generate(prompts, GREEDY)
+    llm = LLM("tiny-trained", speculative=mode, **kw)
+    got = llm.generate(prompts, GREEDY)
+    assert [o.token_ids for o in got] == [o.token_ids for o in want]
+    assert llm.engine.spec.verified > 0
