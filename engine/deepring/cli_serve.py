@@ -9,7 +9,9 @@ tcp:// endpoints, so the roles can live on different hosts.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
+import re
 import shutil
 import socket
 import sys
@@ -49,6 +51,13 @@ def _add_engine_args(p: argparse.ArgumentParser, max_num_seqs: int = 64) -> None
     )
     g.add_argument("--device", default=None, help="cpu | cuda[:N] (default: cuda when available)")
     g.add_argument("--dtype", default=None, help="float32 | bfloat16 | float16 (default: auto)")
+    g.add_argument(
+        "--trace-dir",
+        default=None,
+        metavar="DIR",
+        help="each worker writes its step timeline to DIR/<worker>.trace.json (a Chrome trace: "
+        "Perfetto, chrome://tracing)",
+    )
     g.add_argument("--load-format", default="auto", choices=["auto", "dummy"])
     g.add_argument("--max-model-len", type=int, default=4096)
     g.add_argument(
@@ -396,6 +405,37 @@ def _free_tcp(host: str = "127.0.0.1") -> str:
         return f"tcp://{host}:{s.getsockname()[1]}"
 
 
+_DEVICE = re.compile(r"cpu|cuda(:\d+)?")
+
+
+def worker_devices(devices: str | None, device: str | None, n: int) -> list[str | None]:
+    """The device of each of `n` workers (prefill first, then decode): `--devices` round
+    robin, else `--device` for all (None: cuda when available). ValueError for a malformed
+    list, one combined with --device, or a CUDA index this machine does not have."""
+    if devices is None:
+        return [device] * n
+    if device is not None:
+        raise ValueError("--devices and --device exclude each other")
+    listed = [d.strip() for d in devices.split(",")]
+    bad = [d for d in listed if not _DEVICE.fullmatch(d)]
+    if bad:
+        raise ValueError(f"--devices: {bad[0]!r} is not cpu, cuda or cuda:N")
+    indices = [int(d.split(":")[1]) if ":" in d else 0 for d in listed if d.startswith("cuda")]
+    if indices:
+        import torch
+
+        have = torch.cuda.device_count()
+        if max(indices) >= have:
+            raise ValueError(
+                f"--devices: cuda:{max(indices)} asked for, this machine has {have} CUDA devices"
+            )
+    return [listed[i % len(listed)] for i in range(n)]
+
+
+def _on(spec: EngineSpec, device: str | None) -> EngineSpec:
+    return spec if device == spec.device else dataclasses.replace(spec, device=device)
+
+
 def _serve(args: argparse.Namespace) -> int:
     if args.num_prefill < 1 or args.num_decode < 1:
         print("deepring serve: need at least one prefill and one decode worker", file=sys.stderr)
@@ -431,18 +471,21 @@ def _serve(args: argparse.Namespace) -> int:
                 "parent_pid": os.getpid(),
                 "heartbeat_interval": fe.heartbeat_interval,
                 "heartbeat_timeout": fe.heartbeat_timeout,
+                "trace_dir": args.trace_dir,
                 **security,
             }
+            devices = worker_devices(args.devices, args.device, args.num_prefill + args.num_decode)
             workers = [
-                WorkerConfig(role="prefill", index=i, engine=prefill_spec, **common)
+                WorkerConfig(
+                    role="prefill", index=i, engine=_on(prefill_spec, devices[i]), **common
+                )
                 for i in range(args.num_prefill)
             ]
             for i in range(args.num_decode):
                 h = addr(f"handoff-{i}")
+                spec = _on(decode_spec, devices[args.num_prefill + i])
                 workers.append(
-                    WorkerConfig(
-                        role="decode", index=i, engine=decode_spec, handoff_bind=h, **common
-                    )
+                    WorkerConfig(role="decode", index=i, engine=spec, handoff_bind=h, **common)
                 )
             cfg = ServeConfig(
                 frontend=fe, workers=tuple(workers), reserve_workers=args.reserve_workers
@@ -496,6 +539,7 @@ def _worker(args: argparse.Namespace) -> int:
             handoff_addr=getattr(args, "handoff_addr", None),
             heartbeat_interval=env.heartbeat_interval(),
             heartbeat_timeout=env.heartbeat_timeout(),
+            trace_dir=args.trace_dir,
             **cli_security.ring_settings(
                 args, [*frontends, handoff_bind], args.command, create=False
             ),
@@ -513,6 +557,13 @@ def add_serving_commands(sub: argparse._SubParsersAction) -> None:
     g = p.add_argument_group("processes")
     g.add_argument("--num-prefill", type=int, default=1, help="prefill worker processes")
     g.add_argument("--num-decode", type=int, default=1, help="decode worker processes")
+    g.add_argument(
+        "--devices",
+        default=None,
+        metavar="LIST",
+        help="one device per worker, comma-separated (cpu, cuda, cuda:N), in the order "
+        "prefill-0.., decode-0..; a shorter list is reused from its start (instead of --device)",
+    )
     g.add_argument(
         "--reserve-workers",
         type=int,

@@ -245,6 +245,7 @@ class WorkerConfig:
     stats_interval: float = 0.25  # load reports while busy (the router reads them)
     ring_keys: str | None = None  # CURVE key directory for tcp:// endpoints (ipc.ring_keys)
     insecure_ring: bool = False  # tcp:// without CURVE (a trusted network only)
+    trace_dir: str | None = None  # the step timeline goes to <trace_dir>/<worker id>.trace.json
 
     def __post_init__(self) -> None:
         if self.role not in ROLES:

@@ -8,11 +8,14 @@ running batch.
 Structured output: `generate(..., constraints=...)` takes a `Constraint` (for every prompt) or
 one per prompt (None: unconstrained), made with `deepring.structured.build`: `json_schema(schema)`
 (None: any JSON object), `regex(pattern)`, `lark(grammar)`. A chat request body brings its own
-(response_format, tool_choice: as the server enforces it) unless one is given for it.
+(response_format, tool_choice: as the server enforces it) unless one is given for it; its
+fields are checked as the server checks them, and its sampling fields are refused (they come
+from SamplingParams).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import sys
 import time
@@ -115,26 +118,27 @@ class LLM:
     def encode(self, prompt: Prompt) -> list[int]:
         return self._encode(prompt)[0]
 
-    def _encode(self, prompt: Prompt) -> tuple[list[int], Constraint | None]:
-        """The prompt's ids, and the constraint a chat body brings."""
+    def _encode(self, prompt: Prompt) -> tuple[list[int], Constraint | None, dict[str, Any]]:
+        """The prompt's ids, and the constraint and SamplingParams fields a chat body brings."""
         if isinstance(prompt, dict):
             return self._chat_ids(prompt)
         if isinstance(prompt, str):
             ids = self._require_tokenizer().encode(prompt)
             bos = self.config.bos_token_id
-            return ([bos] if bos is not None else []) + ids, None
+            return ([bos] if bos is not None else []) + ids, None, {}
         if isinstance(prompt, (list, tuple)) and all(
             isinstance(t, int) and not isinstance(t, bool) for t in prompt
         ):
-            return list(prompt), None
+            return list(prompt), None, {}
         raise ValueError(
             f"a prompt is text, a list of token ids or a chat request body, got {prompt!r:.80}"
         )
 
-    def _chat_ids(self, body: dict[str, Any]) -> tuple[list[int], Constraint | None]:
+    def _chat_ids(self, body: dict[str, Any]) -> tuple[list[int], Constraint | None, dict]:
         """A Chat Completions body rendered with this model's template (the body's `model`
-        must name this model), and its output constraint. Its sampling fields are not used:
-        generate's are."""
+        must name this model), its output constraint and the SamplingParams fields it implies
+        (a thinking budget). Its fields are checked as the server checks them; sampling fields
+        are refused: generate's SamplingParams carry them."""
         from deepring.protocol.errors import ApiError
         from deepring.protocol.formats import PromptFormat
         from deepring.protocol.prepare import CHAT, Recipe
@@ -143,7 +147,7 @@ class LLM:
             fmt = PromptFormat.of_model_type(self.config.model_type)
             self._recipe = Recipe(self._require_tokenizer(), [self.name], fmt)
         try:
-            return self._recipe.encode_constrained(CHAT, body)
+            return self._recipe.encode_offline(CHAT, body)
         except ApiError as e:
             raise ValueError(f"chat request rejected: {e.message}") from None
 
@@ -190,7 +194,9 @@ class LLM:
         encoded = [self._encode(p) for p in prompts]
         order = []
         try:
-            for (ids, own), p, c in zip(encoded, params, given, strict=True):
+            for (ids, own, implied), p, c in zip(encoded, params, given, strict=True):
+                if implied:
+                    p = dataclasses.replace(p, **implied)
                 n = next(self._counter)
                 seed = p.seed if p.seed is not None else splitmix64(self._seed * 1_000_003 + n)
                 order.append(self.engine.add(n, ids, p, seed, constraint=c or own))

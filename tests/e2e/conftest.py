@@ -46,12 +46,16 @@ SHARED_ARGS = (
     "1024",
     "--max-body-bytes",
     "262144",
+    "--devices",  # (every worker on the CPU, placed by the per-worker list)
+    "cpu",
 )
 
 
 @pytest.fixture(scope="session")
-def server(start_server) -> Server:
-    s = start_server(*SHARED_ARGS)
+def server(start_server, tmp_path_factory) -> Server:
+    traces = tmp_path_factory.mktemp("traces")
+    s = start_server(*SHARED_ARGS, "--trace-dir", str(traces))
+    s.trace_dir = traces  # each worker's step timeline (test_health_metrics)
     yield s
     code = s.stop()
     assert code == 0, s.log()[-4000:]

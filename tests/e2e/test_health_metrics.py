@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+import time
+
 import httpx2
 
 
@@ -12,6 +15,7 @@ def test_health_lists_ready_workers(server):
     roles = sorted(w["role"] for w in h["workers"])
     assert roles == ["decode", "prefill"]
     assert all(w["up"] == 1 and w["pid"] > 0 for w in h["workers"])
+    assert [w["device"] for w in h["workers"]] == ["cpu", "cpu"]  # --devices cpu
 
 
 def test_metrics_after_requests(server, openai_client):
@@ -44,3 +48,44 @@ def test_metrics_after_requests(server, openai_client):
     for line in text.splitlines():
         if line and not line.startswith("#"):
             float(line.rsplit(" ", 1)[1])
+
+
+def test_step_timeline_and_compute_share(server, openai_client):
+    """--trace-dir: every worker writes a Chrome trace of its loop, with the engine's steps as
+    schedule / compute / post inside `step` spans; /metrics splits the busy time into the model
+    runner's share and the rest."""
+    for _ in range(2):
+        openai_client.chat.completions.create(
+            model="tiny", messages=[{"role": "user", "content": "Hi"}], max_tokens=6,
+            extra_body={"thinking": {"type": "disabled"}},
+        )  # fmt: skip
+    for wid in ("prefill-0", "decode-0"):
+        path = server.trace_dir / f"{wid}.trace.json"
+        deadline = time.monotonic() + 30
+        while '"compute"' not in path.read_text():  # written within a second (FLUSH_S)
+            assert time.monotonic() < deadline, path.read_text()[-2000:]
+            openai_client.chat.completions.create(
+                model="tiny", messages=[{"role": "user", "content": "Hi"}], max_tokens=2,
+                extra_body={"thinking": {"type": "disabled"}},
+            )  # fmt: skip
+            time.sleep(0.6)
+        text = path.read_text()
+        # The worker still writes: the array is open (the viewers take it so).
+        events = json.loads(text.rstrip().rstrip(",") + "]")
+        spans = [e for e in events if e.get("ph") == "X"]
+        names = {e["name"] for e in spans}
+        assert {"poll", "step", "schedule", "compute", "post"} <= names, (wid, names)
+        for c in (e for e in spans if e["name"] == "compute"):
+            # Inside a step span, and carrying the step's shape.
+            assert c["args"]["tokens"] >= c["args"]["seqs"] >= 1
+            assert any(
+                s["name"] == "step"
+                and s["ts"] <= c["ts"]
+                and c["ts"] + c["dur"] <= s["ts"] + s["dur"] + 1
+                for s in spans
+            )
+    labels = '{worker="decode-0",role="decode"}'
+    compute = server.metric("deepring_worker_compute_seconds_total", labels)
+    busy = server.metric("deepring_worker_busy_seconds_total", labels)
+    steps = server.metric("deepring_worker_step_seconds_total", labels)
+    assert 0 < compute <= steps <= busy

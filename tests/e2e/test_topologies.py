@@ -42,11 +42,6 @@ def test_two_workers_per_role_over_tcp(start_server):
         "tcp",
         "--max-num-seqs",
         "4",
-        # The zero-cost model's steps take no time, so the cost router's predictions are
-        # noise there (a worker whose fit caught a slow first step gets nothing): the spread
-        # over every worker is the token router's promise.
-        "--router",
-        "tokens",
     )
     roles = sorted(w["worker"] for w in s.health()["workers"])
     assert roles == ["decode-0", "decode-1", "prefill-0", "prefill-1"]
@@ -146,3 +141,69 @@ def test_roles_as_separate_commands(tmp_path, server_env):
         codes = {name: role.stop() for name, role in roles.items()}
     # Each role drains and exits cleanly on SIGTERM.
     assert codes == {"frontend": 0, "prefill": 0, "decode": 0}
+
+
+def test_workers_join_and_leave_at_run_time(tmp_path, server_env):
+    """A decode worker started while the server runs joins and gets requests; one stopped with
+    SIGTERM drains: it finishes its streams, the frontend sends it nothing new (a request it
+    refused in the meantime goes elsewhere), and /health stays ok, since it left on purpose."""
+    env = {**server_env, "DEEPRING_HEARTBEAT_INTERVAL": "0.3", "DEEPRING_HEARTBEAT_TIMEOUT": "5"}
+    keys = subprocess.run(
+        [*deepring_command(), "ring-keys"], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert keys.returncode == 0, keys.stderr
+    ring = f"tcp://127.0.0.1:{free_port()}"
+
+    def decode(i: int) -> RoleProcess:
+        handoff = f"tcp://127.0.0.1:{free_port()}"
+        args = ["decode", "--frontend", ring, "--index", str(i), "--handoff-bind", handoff,
+                "--zero-cost", "--zero-cost-step-ms", "10"]  # fmt: skip
+        return RoleProcess(args, tmp_path / f"d{i}.log", env)
+
+    roles = {
+        "frontend": RoleProcess(
+            ["frontend", "--ring", ring, "--port", "0", "--router", "tokens"],
+            tmp_path / "fe.log",
+            env,
+        ),
+        "prefill": RoleProcess(
+            ["prefill", "--frontend", ring, "--zero-cost"], tmp_path / "p.log", env
+        ),
+        "decode-0": decode(0),
+    }
+    try:
+        url = roles["frontend"].url()
+        roles["decode-1"] = decode(1)
+        deadline = time.monotonic() + 240
+        while len(httpx2.get(f"{url}/health", timeout=10).json()["workers"]) < 3:
+            assert time.monotonic() < deadline, "the second decode worker did not join"
+            time.sleep(0.1)
+
+        def one(n: int) -> int:
+            r = httpx2.post(
+                f"{url}/v1/chat/completions", json={**CHAT, "max_tokens": n}, timeout=120
+            )
+            assert r.status_code == 200, r.text
+            return r.json()["usage"]["completion_tokens"]
+
+        with ThreadPoolExecutor(8) as pool:
+            assert list(pool.map(one, [40] * 8)) == [40] * 8
+        health = httpx2.get(f"{url}/health", timeout=10).json()
+        served = {w["worker"]: w["generated_tokens_total"] for w in health["workers"]}
+        assert served["decode-0"] > 0, served
+        assert served["decode-1"] > 0, served
+        # decode-1 leaves while requests stream (100 tokens x 10 ms steps: a second each).
+        with ThreadPoolExecutor(8) as pool:
+            running = [pool.submit(one, 100) for _ in range(8)]
+            time.sleep(0.5)
+            roles["decode-1"].proc.send_signal(signal.SIGTERM)
+            assert roles["decode-1"].proc.wait(60) == 0
+            late = [pool.submit(one, 20) for _ in range(4)]
+            assert [f.result() for f in running] == [100] * 8
+            assert [f.result() for f in late] == [20] * 4
+        health = httpx2.get(f"{url}/health", timeout=10).json()
+        assert health["status"] == "ok", health
+        assert [w["worker"] for w in health["workers"] if w["role"] == "decode"] == ["decode-0"]
+    finally:
+        codes = {name: role.stop() for name, role in roles.items()}
+    assert all(code == 0 for code in codes.values()), codes

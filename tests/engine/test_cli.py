@@ -80,6 +80,9 @@ def test_unknown_subcommand_is_rejected(capsys):
         ),
         (["serve", "--speculative", "fixed:99"], "fixed:N needs N in 1..64"),
         (["serve", "--speculative", "medusa"], "must be one of off, mtp, fixed:N, dspark"),
+        (["serve", "--devices", "gpu0"], "'gpu0' is not cpu, cuda or cuda:N"),
+        (["serve", "--devices", "cpu", "--device", "cpu"], "exclude each other"),
+        (["serve", "--devices", "cpu,cuda:999"], "cuda:999 asked for, this machine has"),
     ],
 )
 def test_serving_commands_refuse_bad_configurations(capsys, argv, message):
@@ -128,3 +131,11 @@ def test_bad_sizes_are_refused(text):
 
     with pytest.raises(argparse.ArgumentTypeError):
         _size(text)
+
+
+def test_devices_go_to_the_workers_in_order():
+    from deepring.cli_serve import worker_devices
+
+    assert worker_devices(None, "cuda:1", 3) == ["cuda:1"] * 3
+    assert worker_devices(None, None, 2) == [None, None]
+    assert worker_devices("cpu, cpu", None, 3) == ["cpu", "cpu", "cpu"]

@@ -188,3 +188,31 @@ def test_chat_body_must_name_the_model_and_bad_bodies_are_rejected(llm):
             llm.generate({**CHAT, "model": name}, SamplingParams(max_tokens=2))
     with pytest.raises(ValueError, match="invalid request body"):
         llm.generate({"model": "tiny", "messages": "nope"}, SamplingParams(max_tokens=2))
+
+
+@pytest.mark.parametrize(
+    ("extra", "match"),
+    [
+        ({"temperature": 0.3}, "temperature: offline generation takes sampling"),
+        ({"max_tokens": 5}, "max_tokens: offline generation"),
+        ({"top_k": 5}, "top_k: offline generation"),
+        ({"stream": True}, "stream: offline generation"),
+        ({"n": 2}, "only n = 1"),  # the recipe's own check
+        ({"frobnicate": 1}, "frobnicate"),  # unknown fields: as the server refuses them
+        ({"store": True}, "store"),  # served fields: as the server checks them
+    ],
+)
+def test_chat_body_fields_are_checked_and_sampling_comes_from_params(llm, extra, match):
+    with pytest.raises(ValueError, match=match):
+        llm.generate({**CHAT, **extra}, SamplingParams(temperature=0, max_tokens=2))
+    # Null sampling fields and stream false say nothing: accepted.
+    quiet = {**CHAT, "temperature": None, "stream": False}
+    assert len(llm.generate(quiet, SamplingParams(temperature=0, max_tokens=2))[0].token_ids) == 2
+
+
+def test_chat_body_thinking_budget_is_enforced(llm):
+    body = {**CHAT, "thinking": {"type": "enabled", "budget_tokens": 2}}
+    think_end = llm.tokenizer.token_to_id("</think>")
+    p = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
+    out = llm.generate(body, p)[0]
+    assert out.token_ids[2] == think_end or think_end in out.token_ids[:2]

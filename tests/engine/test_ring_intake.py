@@ -58,7 +58,8 @@ def _frames(route: bytes, msg) -> list[bytes]:
 def _stats(wid: str, gen: int, **kw) -> Stats:
     base = dict(
         waiting=0, running=0, free_slots=4, num_slots=4, used_blocks=0, num_blocks=40,
-        queued_tokens=0, steps=1, step_seconds=0.5, generated=3, preemptions=0,
+        queued_tokens=0, steps=1, step_seconds=0.5, compute_seconds=0.4, busy_seconds=0.6,
+        generated=3, preemptions=0,
         prefix_cache={"hit_tokens": 0}, dropped={}, step_cost=[0.01, 1e-4, 1e-4, 1e-8, 1e-8],
         backlog_s=0.0, lag_s=0.0, context_tokens=0,
     )  # fmt: skip

@@ -229,3 +229,26 @@ def test_a_full_queue_refuses_requests(ring):
     assert not any(s.done.done() for s in sinks)
     status, _ = ring.generate(_prompt(4, 51), SamplingParams(temperature=0, max_tokens=2))
     assert status == ("finished", "length")
+
+
+@pytest.mark.parametrize("last", ["length", "stop"])
+def test_a_request_whose_last_token_arrived_is_finished_not_rerouted(ring, last):
+    """Its worker died (or left) between the last token and the finish: the request is
+    complete, so it finishes (as the worker would have: max_tokens, or a stop token) instead of
+    being resubmitted, which a worker would refuse."""
+    params = SamplingParams(temperature=0, max_tokens=6, stop_token_ids=(7,))
+    received = [11, 12, 13, 14, 15, 16] if last == "length" else [11, 12, 7]
+
+    def go():
+        sink = Collect(ring.loop)
+        rid = ring.client.submit(_prompt(12, 9), params, 0, sink)
+        st = ring.client.requests[rid]
+        st.add(0, received)  # as if these had come from its workers
+        before = ring.client.metrics.rerouted
+        ring.client._reroute(st, "test: its worker is gone")
+        return sink, before
+
+    sink, before = ring.call(go)
+    assert ring.wait(sink) == ("finished", last)
+    assert sink.ids == received
+    assert ring.call(lambda: ring.client.metrics.rerouted) == before

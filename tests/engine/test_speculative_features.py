@@ -122,3 +122,28 @@ def _chi2_pvalue(table: list[list[int]]) -> float:
     stat = ((t - expected) ** 2 / expected).sum()
     df = t.shape[1] - 1
     return float(torch.special.gammaincc(torch.tensor(df / 2.0, dtype=torch.float64), stat / 2))
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.9])
+@pytest.mark.parametrize("budget", [0, 3, 7])
+def test_thinking_budget_forces_the_end_inside_a_verified_run(pair, temperature, budget):
+    """The forced end of thinking lands on the verified row at the budget (drafts that are
+    always right put it inside an accepted run), so the output is plain decoding's."""
+    plain, spec = pair
+    end = 11  # any id can play `</think>`
+    p = SamplingParams(
+        temperature=temperature, max_tokens=16, seed=5, ignore_eos=True,
+        thinking_budget=budget, think_end_id=end,
+    )  # fmt: skip
+    prompt = _prompts(10, (30,))[0]
+    want = plain.generate([prompt], p)[0]
+    assert want.token_ids[budget] == end
+    saved = spec.engine.spec.drafter
+    rid = next(spec._counter)
+    truth = {rid + 1: prompt + want.token_ids}
+    try:
+        spec.engine.spec.drafter = ScriptedDrafter(truth, 5, 5)
+        got = spec.generate([prompt], p)[0]
+    finally:
+        spec.engine.spec.drafter = saved
+    assert got.token_ids == want.token_ids

@@ -413,3 +413,21 @@ def test_the_constraint_travels_in_submit_and_handoff():
     bad["constraint"] = {"kind": "nonsense", "grammar": "start: x"}
     with pytest.raises(codec.MessageError):
         codec.decode_strict([codec.msgpack.packb(bad), *frames[1:]])
+
+
+def test_the_compiler_is_built_ahead_for_workers(deepring_cache_dir):
+    """prepare_grammars (called by every worker at start) builds the compiler on a helper
+    thread; the first constrained request then uses it instead of building its own."""
+    llm = LLM("tiny", max_num_seqs=2, max_model_len=256)
+    eng = llm.engine
+    eng.prepare_grammars()
+    ahead = eng._grammars_ahead
+    assert ahead is not None
+    compiler = ahead.result(timeout=120)
+    eng.prepare_grammars()  # idempotent
+    assert eng._grammars_ahead is ahead
+    c = build.regex("[0-9]{3}", reasoning=False, markers=Markers(THINK_END, DSML))
+    (out,) = llm.generate(["Digits:"], SamplingParams(temperature=0, max_tokens=8), constraints=c)
+    assert eng._grammars is compiler
+    assert compiler.compiles == 1
+    assert re.fullmatch("[0-9]{3}", llm.tokenizer.decode(out.token_ids[:-1]))

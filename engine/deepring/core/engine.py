@@ -13,8 +13,10 @@ Request ids are integers, chosen by the caller.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,7 +28,7 @@ from deepring.core.prefix import PrefixCache, PrefixConfig, Store
 from deepring.core.request import Request, Status
 from deepring.core.runner import Runner
 from deepring.core.scheduler import Scheduler, SchedulerConfig
-from deepring.cost.model import OnlineFit, StepCost, StepShape
+from deepring.cost.model import WARMUP_STEPS, OnlineFit, StepCost, StepShape
 from deepring.cost.pacer import Pacer, PacerConfig
 from deepring.cost.presets import TINY_CPU
 from deepring.sampling.params import SamplingParams, TokenLogprob
@@ -80,15 +82,22 @@ class EngineCore:
         self.num_steps = 0
         self.num_generated = 0
         self.step_seconds = 0.0  # total wall time inside step()
+        # Of that, inside the runner (the model and the sampler: the device's share of a
+        # step; the rest is scheduling and bookkeeping on the CPU), and the last step's phases
+        # (start, runner start, runner end, end) on `clock` (worker.timeline).
+        self.compute_seconds = 0.0
+        self.last_phases: tuple[float, float, float, float] | None = None
         self.prefix: PrefixCache | None = None
         # Structured output: the tokenizer.json constrained requests compile against (set by
-        # build_engine), and the compiler, made on the first constrained request.
+        # build_engine), and the compiler, made on the first constrained request or ahead of it
+        # (prepare_grammars).
         self.tokenizer_path: Path | None = None
         self._grammars = None
+        self._grammars_ahead: Future | None = None
         # Every step is timed and fitted (cost.model): the pacer predicts with it, and the load
         # report carries it to the routers.
         self.clock = clock
-        self.cost = OnlineFit(cost_prior)
+        self.cost = OnlineFit(cost_prior, warmup=WARMUP_STEPS)
         self.last_step: tuple[StepShape, float] | None = None
         if pacing is not None:
             self.scheduler.pacer = Pacer(pacing, lambda: self.cost.model, clock)
@@ -284,12 +293,31 @@ class EngineCore:
         if self._grammars is None:
             if self.tokenizer_path is None:
                 raise ValueError("this engine has no tokenizer to enforce output constraints with")
-            from deepring.structured.runtime import GrammarCompiler
-
-            self._grammars = GrammarCompiler(
-                self.tokenizer_path, self.vocab_size, sorted(self.eos_token_ids)
-            )
+            ahead, self._grammars_ahead = self._grammars_ahead, None
+            self._grammars = ahead.result() if ahead is not None else self._new_compiler()
         return self._grammars.state(constraint, output_ids)
+
+    def _new_compiler(self):
+        from deepring.structured.runtime import GrammarCompiler
+
+        return GrammarCompiler(self.tokenizer_path, self.vocab_size, sorted(self.eos_token_ids))
+
+    def prepare_grammars(self) -> None:
+        """Start building the grammar compiler on a helper thread (the tokenizer's token trie
+        takes ~1 s for a 129k vocabulary), so that the first constrained request does not
+        wait for it. Workers call this at start; offline engines build it when first needed."""
+        if self.tokenizer_path is None or self._grammars is not None or self._grammars_ahead:
+            return
+        fut: Future = Future()
+
+        def build() -> None:
+            try:
+                fut.set_result(self._new_compiler())
+            except Exception as e:  # noqa: BLE001 - handed to the first constrained request
+                fut.set_exception(e)
+
+        threading.Thread(target=build, name="grammar-compiler", daemon=True).start()
+        self._grammars_ahead = fut
 
     def export(self, req: Request) -> CacheState:
         if req.slot is None:
@@ -345,7 +373,10 @@ class EngineCore:
             return []
         self.num_steps += 1
         shape = StepShape.of((s.num_tokens, s.request.num_cached) for s in scheduled)
+        t1 = self.clock()
         runs = self._run(scheduled)
+        t2 = self.clock()
+        self.compute_seconds += t2 - t1
         results, stops = [], []
         for s, run in zip(scheduled, runs, strict=True):
             req = s.request
@@ -374,8 +405,12 @@ class EngineCore:
         for req, reason in stops:
             self.finish(req, reason)
         if self.spec is not None:
-            self.spec.after()
-        took = self.clock() - t0
+            t = self.clock()
+            self.spec.after()  # the drafter: model time too
+            self.compute_seconds += self.clock() - t
+        t3 = self.clock()
+        took = t3 - t0
+        self.last_phases = (t0, t1, t2, t3)
         self.step_seconds += took
         self.cost.observe(shape, took)
         self.last_step = (shape, took)
@@ -429,6 +464,7 @@ class EngineCore:
             "queued_tokens": sum(r.pending for r in (*s.waiting, *s.running) if r.pending > 1),
             "steps": self.num_steps,
             "step_seconds": self.step_seconds,
+            "compute_seconds": self.compute_seconds,
             "generated": self.num_generated,
             "preemptions": s.num_preemptions,
             "prefix_cache": self.prefix.report() if self.prefix is not None else {},

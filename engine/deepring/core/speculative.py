@@ -240,13 +240,20 @@ class SpecRunner:
                 run.masks.wait(pending)
         tokens: list[int] = []
         lps: list[TokenLogprob | None] = [None] * len(rows)
+        forced = _forced(scheduled, rows, states)
         if rows and greedy:
             tokens = out.greedy.tolist()
             if pending is not None:
                 tokens = run.masks.fix_greedy(tokens, pending, run._logits_of(out.last))
+            for j, tok in forced.items():
+                tokens[j] = tok
         elif rows:
             if pending is not None:
                 run.masks.apply(out.logits, pending)
+            with torch.inference_mode():  # (the logits are inference tensors)
+                for j, tok in forced.items():  # the only token left: sampled, logprob 0
+                    out.logits[j] = float("-inf")
+                    out.logits[j, tok] = 0.0
             sampled = run.sampler.sample(
                 out.logits, [_row(scheduled[i].request, k) for i, k in rows]
             )
@@ -343,6 +350,23 @@ def _draft_states(req: Request, n: int) -> list:
         cur = cur.deep_copy()
         cur.consume_token(d)  # refused drafts were cut when proposed (_fit_drafts)
         out.append(GrammarState(cur))
+    return out
+
+
+def _forced(scheduled: list[Scheduled], rows: list[tuple[int, int]], states) -> dict[int, int]:
+    """Verified rows whose thinking budget is spent (runner._forced, row by row): the output
+    there is the request's plus the drafts before the row, and `</think>` is forced once the
+    row's grammar state accepts it."""
+    out = {}
+    for j, ((i, k), state) in enumerate(zip(rows, states, strict=True)):
+        r = scheduled[i].request
+        p = r.params
+        if p.thinking_budget is None:
+            continue
+        ended = r.thinking_ended or p.think_end_id in r.drafts[:k]
+        tok = p.forced_think_end(len(r.output_ids) + k, ended)
+        if tok is not None and (state is None or state.allows(tok)):
+            out[j] = tok
     return out
 
 

@@ -157,6 +157,17 @@ class StepCost:
 _TYPICAL = np.array([1.0, 256.0, 16.0, 256.0 * 1024.0, 16.0 * 2048.0])
 
 
+def mean_cost(models: Sequence[StepCost]) -> StepCost:
+    """The model whose coefficients are the mean of `models`' (at least one)."""
+    coef = np.mean([m.coef for m in models], axis=0)
+    return StepCost(tuple(float(c) for c in coef))
+
+
+# A worker's first steps are left out of its step-time fit (OnlineFit's warmup); until it has
+# stepped more than this, its reported model is its prior, not a measurement.
+WARMUP_STEPS = 2
+
+
 class OnlineFit:
     """Exponentially weighted least squares toward a prior. `model` is the current fit."""
 
@@ -168,10 +179,13 @@ class OnlineFit:
         prior_weight: float = 0.5,
         robust_after: float = 20.0,
         refresh: int = 16,
+        warmup: int = 0,
     ) -> None:
         """refresh: the model is solved again after this many steps (a solve costs ~50 us,
         a step on a GPU ~20 ms: fresh enough, and the simulator's millions of steps stay
-        cheap)."""
+        cheap). warmup: the first steps are not measured (a process's first steps pay for
+        lazy set-up: allocations, kernel compilation; a fit that caught one would predict a
+        worker slow, and a router would then send it nothing to correct it with)."""
         if not 0 < forget <= 1:
             raise ValueError("forget must be in (0, 1]")
         if not prior_weight > 0:
@@ -185,6 +199,7 @@ class OnlineFit:
         self.samples = 0.0  # effective number of steps behind the fit (forgetting applied)
         self.observed = 0  # steps seen
         self.refresh = max(1, refresh)
+        self.warmup = max(0, warmup)
         self._model = prior
         self._pending: list[tuple[tuple[float, ...], float, float]] = []  # (x, seconds, weight)
 
@@ -203,6 +218,9 @@ class OnlineFit:
 
     def _add(self, shape: StepShape, seconds: float) -> None:
         if not (math.isfinite(seconds) and seconds >= 0) or shape.seqs == 0:
+            return
+        if self.warmup:
+            self.warmup -= 1
             return
         weight = 1.0
         if self.samples >= self.robust_after:

@@ -284,6 +284,7 @@ class App:
                     "worker": w.id,
                     "role": w.role,
                     "pid": w.pid,
+                    "device": w.info.get("device"),
                     "up": 1 if w.load.ready else 0,
                     "queue_length": s.waiting if s else 0,
                     "running_requests": s.running if s else 0,
@@ -292,6 +293,8 @@ class App:
                     "generated_tokens_total": s.generated if s else 0,
                     "steps_total": s.steps if s else 0,
                     "step_seconds_total": round(s.step_seconds, 6) if s else 0.0,
+                    "compute_seconds_total": round(s.compute_seconds, 6) if s else 0.0,
+                    "busy_seconds_total": round(s.busy_seconds, 6) if s else 0.0,
                     "preemptions_total": s.preemptions if s else 0,
                     # The worker's fitted step-time model (cost.model.FEATURES) and the
                     # prompt work it holds, in predicted seconds: what the cost router reads.

@@ -300,6 +300,17 @@ class EngineClient:
         """Resubmit a request whose worker was lost, with its tokens so far, under a new id
         (a late message about the old id from a worker that was only slow is then ignored)."""
         cfg = self.config
+        ended = self._ended(st)
+        if ended is not None:
+            # Its last token had arrived, only the finish did not (the worker died, or left,
+            # between the two): it is complete, not resubmitted (a worker would refuse it).
+            self._abort_on_workers(st, "finished")  # (those still alive free it)
+            st.final = (ended, st.next_offset)
+            if not st.touched:
+                st.touched = True
+                self._touched.append(st)
+            self._deliver()
+            return
         if st.next_offset > st.progress_at:  # it got further since its last reroute
             st.reroutes, st.progress_at = 0, st.next_offset
         if st.reroutes >= cfg.max_reroutes:
@@ -330,6 +341,18 @@ class EngineClient:
         st.queued_at = time.monotonic()
         self.queue.appendleft(st)
         self._dispatch_queued()
+
+    def _ended(self, st: RequestState) -> str | None:
+        """The finish reason of a request whose output so far already ends it (a stop token,
+        or max_tokens), as the worker would have decided it; None when it goes on."""
+        p = st.params
+        if not st.output_ids:
+            return None
+        last = st.output_ids[-1]
+        eos = self.registry.info("eos_token_ids") or ()
+        if last in p.stop_token_ids or (not p.ignore_eos and last in eos):
+            return "stop"
+        return "length" if st.next_offset >= p.max_tokens else None
 
     def _register(self, route: bytes, wid: str, msg: Health) -> None:
         old = self.workers.get(wid)
@@ -440,6 +463,9 @@ class EngineClient:
                 self.worker_lost(wid, "shut down")
             else:
                 w.last_seen = time.monotonic()
+                if msg.state == "draining" and not w.leaving:
+                    log.info("worker %s is draining: no new requests for it", wid)
+                    self.registry.leave(w)
             return
         if w is None:
             return  # from a worker that is gone or not registered yet
@@ -496,7 +522,14 @@ class EngineClient:
                     touched.append(st)
         for rid, message in msg.errors:
             st = requests.get(rid)
-            if st is not None and w.id in (st.prefill, st.decode):
+            if st is None or w.id not in (st.prefill, st.decode):
+                continue
+            if w.leaving and st.rid in w.rids:
+                # Refused by a worker that drains to leave (sent before its `draining` was
+                # heard): another worker takes it, as if this one were gone.
+                w.rids.discard(st.rid)
+                self._reroute(st, f"the {w.role} worker serving the request is leaving")
+            else:
                 self._fail(st, str(message))
 
     def _deliver(self) -> None:

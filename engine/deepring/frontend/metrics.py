@@ -205,6 +205,8 @@ class Metrics:
             ("generated_tokens_total", "Tokens the worker sampled since it started."),
             ("steps_total", "Engine steps the worker ran since it started."),
             ("step_seconds_total", "Wall time the worker spent in engine steps."),
+            ("compute_seconds_total", "Of that, time in the model runner (forward, sampling)."),
+            ("busy_seconds_total", "Wall time of the worker's loop iterations that ran a step."),
             ("preemptions_total", "Requests the worker preempted (to be recomputed)."),
             ("backlog_seconds", "Predicted seconds of the prompt work the worker holds."),
         ):

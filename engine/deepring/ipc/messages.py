@@ -165,7 +165,7 @@ class Stats(Message):
     """A worker's load, for the router and /metrics."""
 
     TYPE: ClassVar[str] = "stats"
-    VERSION: ClassVar[int] = 4
+    VERSION: ClassVar[int] = 5
     worker: str
     gen: int
     waiting: int  # requests queued in the worker (incl. handoffs not admitted yet)
@@ -189,6 +189,11 @@ class Stats(Message):
     # to it while it ran the step before this report) is not counted in this report.
     lag_s: float
     context_tokens: int  # tokens held by its running requests (a decode step reads them all)
+    # Of step_seconds, the time in the model runner (forward and sampling); and the wall time
+    # of the worker's loop iterations that ran a step (ring I/O included): busy - compute is
+    # the CPU time around the model (worker.timeline).
+    compute_seconds: float
+    busy_seconds: float
 
 
 @dataclass(frozen=True, eq=False)

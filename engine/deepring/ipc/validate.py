@@ -100,6 +100,7 @@ _READY_INFO = {
 # Facts a `ready` may carry (checked when present).
 _READY_OPTIONAL = {
     "max_num_batched_tokens": lambda v: _is_int(v, 1, 2**31),
+    "device": lambda v: _is_text(v, 64),
 }
 
 
@@ -167,8 +168,10 @@ def stats_problem(msg: Stats) -> str | None:
         value = getattr(msg, name)
         if not _is_int(value):
             return f"{name} = {value!r:.40}"
-    if not (math.isfinite(msg.step_seconds) and msg.step_seconds >= 0):
-        return f"step_seconds = {msg.step_seconds!r:.40}"
+    for name in ("step_seconds", "compute_seconds", "busy_seconds"):
+        value = getattr(msg, name)
+        if not (math.isfinite(value) and value >= 0):
+            return f"{name} = {value!r:.40}"
     for name in ("backlog_s", "lag_s"):
         value = getattr(msg, name)
         if not (math.isfinite(value) and 0 <= value <= _MAX_BACKLOG_S):

@@ -22,6 +22,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any, NamedTuple
 
 import numpy as np
 from deepring_recipe import (
@@ -38,11 +39,13 @@ from deepring_recipe import (
     ResponsesResponse,
     StreamProcessor,
     Tokenizer,
+    request_fields,
 )
 
 from deepring.protocol import allowed_tools, fields
 from deepring.protocol.errors import ApiError, field_error
 from deepring.protocol.formats import PromptFormat
+from deepring.protocol.sampling import FIELDS as SAMPLING_FIELDS
 from deepring.protocol.sampling import sampling_fields
 from deepring.protocol.tokenizer import max_token_bytes
 from deepring.sampling.params import SamplingParams
@@ -90,6 +93,23 @@ class Prepared:
     # The grammar the output must match (response_format json / regex, tool_choice; see
     # structured.build), None when unconstrained.
     constraint: Constraint | None = None
+
+
+class Offline(NamedTuple):
+    """A request body for offline generation (Recipe.encode_offline)."""
+
+    prompt_ids: list[int]
+    constraint: Constraint | None
+    params: dict[str, Any]  # SamplingParams fields the body implies
+
+
+# The body fields offline generation refuses (SamplingParams carries them): the recipe's and
+# serving's sampling fields, and streaming.
+OFFLINE_SAMPLING = frozenset({
+    "temperature", "top_p", "max_tokens", "max_completion_tokens", "max_output_tokens", "seed",
+    "stop", "stop_sequences", "logprobs", "top_logprobs", "stream",
+    *(name for names in SAMPLING_FIELDS.values() for name in names),
+})  # fmt: skip
 
 
 @dataclass
@@ -240,13 +260,34 @@ class Recipe:
         """The prompt token ids of a request body. ApiError when it cannot be served."""
         return self._encode(self._convert(api, body).conv)
 
-    def encode_constrained(
-        self, api: Api, body: bytes | str | dict
-    ) -> tuple[list[int], Constraint | None]:
-        """The prompt token ids of a request body and its output constraint."""
+    def encode_offline(self, api: Api, body: bytes | str | dict) -> Offline:
+        """A request body for offline generation (LLM): its prompt token ids, its output
+        constraint and the SamplingParams fields the body implies (a thinking budget). Every
+        field is checked as for serving; the sampling fields are refused, because offline
+        generation takes them from SamplingParams (a body's temperature would otherwise be
+        silently ignored). ApiError when the body cannot be served."""
         c = self._convert(api, body)
-        constraint = self._constraint(c.conv, allowed=c.allowed_tools)
-        return self._encode(c.conv), constraint
+        read = body if c.body is None else c.body
+        keys, tags, got = fields.outline(read, api.name)
+        served = fields.check(api.name, read, c.conv, keys, tags, got)
+        named = request_fields(read, [k for k in keys if k in OFFLINE_SAMPLING])
+        for name, value in named.items():
+            if value is not None and not (name == "stream" and value is False):
+                raise field_error(
+                    name, f"{name}: offline generation takes sampling from SamplingParams, "
+                    "not from the request body"
+                )  # fmt: skip
+        constraint = self._constraint(c.conv, served, allowed=c.allowed_tools)
+        return Offline(self._encode(c.conv), constraint, self._budget(c.conv, served))
+
+    def _budget(self, conv: ConversationRequest, served: fields.Served) -> dict[str, int]:
+        """SamplingParams fields of a thinking budget (thinking.budget_tokens), when the output
+        starts in thinking mode and the tokenizer has `</think>`."""
+        stage = conv.parsing_options.thinking_initial_stage
+        reasoning = stage is not None and stage.starts_in_reasoning()
+        if served.thinking_budget is None or not reasoning or self.markers.think_end is None:
+            return {}
+        return {"thinking_budget": served.thinking_budget, "think_end_id": self.markers.think_end}
 
     def prepare(self, api: Api, body: bytes | str | dict, max_model_len: int) -> Prepared:
         """Parse, convert, encode; resolve limits and sampling; build the stream processor.
@@ -282,12 +323,7 @@ class Recipe:
         if io.seed is not None:
             extra["seed"] = io.seed
         seed = extra["seed"] if extra.get("seed") is not None else random.getrandbits(63)
-        stage = conv.parsing_options.thinking_initial_stage
-        budget = served.thinking_budget
-        reasoning = stage is not None and stage.starts_in_reasoning()
-        if budget is not None and reasoning and self.markers.think_end is not None:
-            extra["thinking_budget"] = served.thinking_budget
-            extra["think_end_id"] = self.markers.think_end
+        extra.update(self._budget(conv, served))
         params = SamplingParams(
             temperature=float(io.temperature if io.temperature is not None else 1.0),
             top_p=float(io.top_p if io.top_p is not None else 1.0),

@@ -22,7 +22,16 @@ same batch, so it takes fewer requests and the time between tokens evens out. A 
 can take the request now (a free slot and blocks for it) beats one that cannot; with a TBT
 target, one whose predicted step stays under it beats one that would not.
 
-Ties rotate, as in the token router.
+A worker that has not measured its steps yet (its report carries its prior: Stats.steps up to
+cost.model.WARMUP_STEPS) is predicted with the mean model of its measured peers: on no evidence
+it is assumed to run like them, not as the prior guesses.
+
+Predictions closer than the models can tell apart are ties: completion times within
+`TIE_S` (or 2% of the earliest) go to the worker with fewer requests, and a step-time mean below
+`TIE_S` counts as `TIE_S` (a microsecond model of a trivial step, as the zero-cost mode fits,
+would otherwise weigh its noise like a real load and starve a worker whose fit came out a
+little slower: a worker that gets no requests never corrects its model). Remaining ties rotate,
+as in the token router.
 """
 
 from __future__ import annotations
@@ -30,9 +39,12 @@ from __future__ import annotations
 import itertools
 from collections.abc import Iterable, Mapping
 
-from deepring.cost.model import StepCost
+from deepring.cost.model import StepCost, mean_cost
 from deepring.cost.presets import TINY_CPU
 from deepring.routing.router import WorkerLoad
+
+TIE_S = 1e-3  # seconds: step-time differences below this are not worth balancing
+TIE_FRACTION = 0.02  # of the earliest completion: within the fit's own error
 
 
 def _own(uncached: int | Mapping[str, int], worker: str) -> int:
@@ -54,13 +66,22 @@ class CostRouter:
         self._prefill_turn = itertools.count()
         self._decode_turn = itertools.count()
 
-    def model(self, w: WorkerLoad) -> StepCost:
-        return w.cost or self.fallback
+    def model(self, w: WorkerLoad, peers: StepCost | None = None) -> StepCost:
+        """w's model; one that has measured nothing yet runs like its peers (`peers`, the
+        mean of the measured ones), else as the fallback says."""
+        return w.cost or peers or self.fallback
 
-    def prefill_cost(self, w: WorkerLoad, uncached: int, prompt_tokens: int) -> float:
+    @staticmethod
+    def peers(loads: list[WorkerLoad]) -> StepCost | None:
+        measured = [w.cost for w in loads if w.cost is not None]
+        return mean_cost(measured) if measured else None
+
+    def prefill_cost(
+        self, w: WorkerLoad, uncached: int, prompt_tokens: int, peers: StepCost | None = None
+    ) -> float:
         """Predicted worker seconds of one prompt: `uncached` tokens after its cached prefix."""
         start = max(0, prompt_tokens - uncached)
-        return self.model(w).prompt_seconds(uncached, start, w.chunk)
+        return self.model(w, peers).prompt_seconds(uncached, start, w.chunk)
 
     def pick_prefill(
         self,
@@ -70,23 +91,35 @@ class CostRouter:
     ) -> WorkerLoad | None:
         """The prefill worker predicted to finish this prompt first."""
         ready = [w for w in loads if w.ready]
+        if not ready:
+            return None
         turn = next(self._prefill_turn)
-        best, best_key = None, None
-        for i, w in enumerate(ready):
+        peers = self.peers(ready)
+        done = []
+        for w in ready:
             own = _own(uncached, w.worker)
             total = prompt_tokens if prompt_tokens is not None else own
-            done_at = w.backlog_s + self.prefill_cost(w, own, total)
-            key = (done_at, w.requests, (i - turn) % len(ready))
+            done.append(w.backlog_s + self.prefill_cost(w, own, total, peers))
+        first = min(done)
+        tie = first + max(TIE_S, TIE_FRACTION * first)
+        best, best_key = None, None
+        for i, (w, done_at) in enumerate(zip(ready, done, strict=True)):
+            if done_at > tie:
+                continue
+            key = (w.requests, done_at, (i - turn) % len(ready))
             if best_key is None or key < best_key:
                 best, best_key = w, key
         return best
 
-    def _decode_load(self, w: WorkerLoad, extra: int, extra_tokens: int) -> tuple[int, float]:
+    def _decode_load(
+        self, w: WorkerLoad, extra: int, extra_tokens: int, peers: StepCost | None = None
+    ) -> tuple[int, float]:
         """(KV blocks, predicted decode step time) of decode worker w with `extra` more
         requests holding `extra_tokens` more tokens."""
         requests = w.est_requests() + extra
         blocks = w.est_blocks(self.block_size) + extra + extra_tokens // self.block_size
-        return blocks, self.model(w).decode_step(requests, w.est_tokens() + extra_tokens)
+        step = self.model(w, peers).decode_step(requests, w.est_tokens() + extra_tokens)
+        return blocks, step
 
     def pick_decode(self, loads: Iterable[WorkerLoad], prompt_tokens: int) -> WorkerLoad | None:
         """The decode worker whose larger relative load after placement (its KV blocks and its
@@ -96,12 +129,13 @@ class CostRouter:
         if not ready:
             return None
         n = len(ready)
-        before = [self._decode_load(w, 0, 0) for w in ready]
-        after = [self._decode_load(w, 1, prompt_tokens + 1) for w in ready]
+        peers = self.peers(ready)
+        before = [self._decode_load(w, 0, 0, peers) for w in ready]
+        after = [self._decode_load(w, 1, prompt_tokens + 1, peers) for w in ready]
         # The means once the request is placed (on average, 1/n of it on each worker).
         kv_mean = sum(a[0] + (n - 1) * b[0] for a, b in zip(after, before, strict=True)) / n / n
         step_mean = sum(a[1] + (n - 1) * b[1] for a, b in zip(after, before, strict=True)) / n / n
-        kv_mean, step_mean = max(kv_mean, 1e-9), max(step_mean, 1e-12)
+        kv_mean, step_mean = max(kv_mean, 1e-9), max(step_mean, TIE_S)
         target = self.tbt_target_s
         turn = next(self._decode_turn)
         best, best_key = None, None

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from deepring.config import ROLES, ROUTERS
-from deepring.cost.model import StepCost
+from deepring.cost.model import WARMUP_STEPS, StepCost
 from deepring.cost.presets import TINY_CPU
 from deepring.ipc.messages import Health, Stats
 from deepring.routing.balance import CostRouter
@@ -37,6 +37,7 @@ class WorkerState:
     # Prefill: the predicted seconds of each request sent to it and not prefilled yet, and
     # when it was sent (work sent after its last report is not in that report's backlog).
     booked: dict[int, tuple[float, float]] = field(default_factory=dict)
+    leaving: bool = False  # it said it is draining: no new requests, it finishes its own
 
 
 class WorkerRegistry:
@@ -83,7 +84,21 @@ class WorkerRegistry:
         w = WorkerState(wid, role, msg.gen, msg.pid, info, self.clock(), load, route=route)
         self.workers[wid] = w
         self.seen_pids.add(msg.pid)
+        # A worker that joins beyond the expected count (a role command started at run time)
+        # is expected from now on: losing it later is a fault.
+        ready = len(self.ready_workers(role))
+        self.expect[role] = max(self.expect[role], ready)
         return w
+
+    def leave(self, w: WorkerState) -> None:
+        """w drains to leave (SIGTERM): the routers pass it over from now on, and its role
+        expects one worker less (never fewer than one), so that a planned departure does not
+        read as a fault."""
+        if w.leaving:
+            return
+        w.leaving = True
+        w.load.ready = False
+        self.expect[w.role] = max(1, self.expect[w.role] - 1)
 
     def remove(self, wid: str) -> WorkerState | None:
         return self.workers.pop(wid, None)
@@ -120,7 +135,11 @@ class WorkerRegistry:
         """A load report from w (checked by ipc.validate: its step cost parses)."""
         w.stats = msg
         w.stats_at = self.clock()
-        w.load.cost = StepCost.from_wire(msg.step_cost)
+        # Before its first measured steps a worker reports its prior: no measurement, and the
+        # routers assume it runs like its measured peers (routing.balance) rather than as the
+        # prior says (a worker judged slow on no evidence would get nothing to be measured on).
+        measured = msg.steps > WARMUP_STEPS
+        w.load.cost = StepCost.from_wire(msg.step_cost) if measured else None
         if w.role == "decode":
             w.load.reported = Reported(
                 msg.running + msg.waiting, msg.context_tokens, msg.used_blocks

@@ -403,7 +403,9 @@ class Cluster:
                 self._wake_at(w, w.clock.now)
         now = w.clock.now
         if now >= w.next_stats or not w.role.busy:
-            stats = Stats(worker=w.id, gen=1, dropped={}, lag_s=now - t, **w.role.load())
+            load = w.role.load()
+            stats = Stats(worker=w.id, gen=1, dropped={}, lag_s=now - t,
+                          busy_seconds=load["step_seconds"], **load)  # fmt: skip
             self.push(now + self.config.latency_s, "frontend", (w.id, stats))
             w.next_stats = now + self.config.stats_interval
 

@@ -19,6 +19,7 @@ import os
 import random
 import signal
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import zmq
@@ -31,6 +32,7 @@ from deepring.ipc.curve import RingSecurity
 from deepring.ipc.messages import Abort, Handoff, Health, Message, Shutdown, Stats, Submit
 from deepring.ipc.validate import worker_route
 from deepring.logs import setup_logging
+from deepring.worker.timeline import Timeline
 
 if TYPE_CHECKING:
     from deepring.core.build import BuiltEngine
@@ -57,7 +59,15 @@ def engine_info(config: WorkerConfig, built: BuiltEngine) -> dict:
         "block_size": eng.block_size,
         "max_num_batched_tokens": eng.scheduler.config.max_num_batched_tokens,
         "tokenizer": str(tok) if tok is not None else None,
+        "device": _device_of(built),
     }
+
+
+def _device_of(built: BuiltEngine) -> str:
+    pool = built.engine.pool
+    if pool is not None:
+        return str(pool.device)
+    return "none (zero-cost)" if built.model is None else str(built.model.device)
 
 
 # What each socket takes; anything else is dropped and counted. The handoff socket is open to
@@ -223,6 +233,13 @@ def run_spare(config: WorkerConfig, conn, name: str) -> int:
         return run_worker(role, loaded if same else None)
 
 
+def trace_file(config: WorkerConfig) -> Path | None:
+    """Where this worker writes its step timeline (None: it writes none)."""
+    if config.trace_dir is None:
+        return None
+    return Path(config.trace_dir) / f"{config.worker_id}.trace.json"
+
+
 def run_worker(config: WorkerConfig, loaded=None) -> int:
     """Entry point of a prefill or decode process (loaded: its model, already loaded)."""
     setup_logging(config.worker_id)
@@ -231,6 +248,7 @@ def run_worker(config: WorkerConfig, loaded=None) -> int:
     from deepring.worker.roles import DecodeRole, PrefillRole
 
     built = build_engine(config.engine, loaded=loaded)
+    built.engine.prepare_grammars()  # ready before the first constrained request arrives
     gen = random.SystemRandom().getrandbits(62) + 1
     link = WorkerLink(config, gen)
     role_cls = PrefillRole if config.role == "prefill" else DecodeRole
@@ -265,6 +283,7 @@ def run_worker(config: WorkerConfig, loaded=None) -> int:
             gen=gen,
             dropped=dict(link.drops.counts),
             lag_s=max(0.0, time.monotonic() - polled_at),
+            busy_seconds=busy_s,
             **role.load(),
         )
         for i in links:
@@ -293,11 +312,17 @@ def run_worker(config: WorkerConfig, loaded=None) -> int:
     next_stats = now
     frontend_gen: list[int | None] = [None] * len(links)
     drain_until: float | None = None
+    eng = built.engine
+    timeline = Timeline(trace_file(config), config.worker_id, clock=eng.clock)
+    busy_s = 0.0  # wall time of the iterations that ran a step (Stats.busy_seconds)
     try:
         while True:
+            began = eng.clock()
             timeout = 0.0 if role.busy else max(0.0, next_beat - time.monotonic())
-            msgs, heard = link.poll(timeout)
+            with timeline.span("poll"):
+                msgs, heard = link.poll(timeout)
             now = polled_at = time.monotonic()
+            handled = eng.clock()
             for i in heard:
                 if lost[i]:
                     log.info("%s is back", where(i))
@@ -325,8 +350,17 @@ def run_worker(config: WorkerConfig, loaded=None) -> int:
                     drain_until = now + msg.timeout
                 else:
                     role.handle(msg, max(i, 0))
+            if msgs:
+                timeline.add("messages", handled, eng.clock(), {"n": len(msgs)})
             if role.busy:
-                role.step()
+                steps = eng.num_steps
+                with timeline.span("step"):
+                    role.step()
+                if eng.num_steps != steps:  # the engine stepped (not only admissions)
+                    shape = eng.last_step[0] if eng.last_step else None
+                    args = {"tokens": shape.tokens, "seqs": shape.seqs} if shape else {}
+                    timeline.step(eng.last_phases, args)
+                    busy_s += eng.clock() - began
                 now = time.monotonic()
                 # The step that empties the worker reports at once: a router reading the last
                 # busy report would wait on work that is done until the next heartbeat.
@@ -360,5 +394,6 @@ def run_worker(config: WorkerConfig, loaded=None) -> int:
                     health("exiting", i)
                 return 0
     finally:
+        timeline.close()
         link.close()
         role.engine.close()  # the prefix cache's queued store writes land before exit
