@@ -77,3 +77,34 @@ def test_engine_drafts_are_the_plain_forwards(deepring_cache_dir, monkeypatch, b
     # Taps from decode steps and from one prefill differ in rounding only (and batch 1's
     # logits are bf16: a near-tie may go the other way).
     assert agree >= 0.9 * total, (agree, total)
+
+
+def test_online_calibration_recovers_the_temperatures():
+    """Outcomes drawn with P(accept draft g | drafts before accepted) = sigmoid(z_g / T_g): the
+    refit finds T, from samples where only the prefix up to the first rejection was tested."""
+    from deepring.core.drafters import OnlineCalibration
+
+    true_t = torch.tensor([0.5, 2.0, 4.0])
+    cal = OnlineCalibration((1.0, 1.0, 1.0), 3)
+    g = torch.Generator().manual_seed(0)
+    for _ in range(OnlineCalibration.KEEP):
+        z = torch.randn(3, generator=g) * 3
+        ok = torch.rand(3, generator=g) < torch.sigmoid(z / true_t)
+        accepted = int(ok.long().cumprod(0).sum())
+        cal.add(z.tolist(), 3, accepted)
+    assert cal.fits == OnlineCalibration.KEEP // OnlineCalibration.REFIT
+    torch.testing.assert_close(cal.temps, true_t, rtol=0.2, atol=0.0)
+
+
+def test_the_engine_refits_on_its_own_outcomes(deepring_cache_dir, monkeypatch):
+    from deepring.core.drafters import OnlineCalibration
+
+    monkeypatch.setattr(OnlineCalibration, "REFIT", 16)
+    llm = LLM("tiny-trained", max_model_len=512, max_num_seqs=4, speculative="fixed:5")
+    cal = llm.engine.spec.drafter.calibration
+    before = cal.temps.clone()
+    text = "def main(argv):\n    for name in argv:\n"
+    llm.generate([text] * 4, SamplingParams(temperature=0, max_tokens=40))
+    assert cal.fits >= 1
+    assert not torch.equal(cal.temps, before)
+    assert bool((cal.temps > 0).all())

@@ -19,6 +19,7 @@ block is [anchor, noise...] at the last token's position, attending to that ring
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass
 
 import torch
@@ -30,6 +31,7 @@ from deepring.kernels.greedy_head import GreedyArgmax, packed_linear
 from deepring.model.batch import ForwardBatch, SeqChunk
 from deepring.model.config import ModelConfig
 from deepring.model.model import DeepseekV4, StepOutput
+from deepring.spec.calibrate import apply_temperatures, cumulative, fit_temperatures
 
 # Requests x drafts up to which a block's logits come from one bf16 GEMM (else the greedy head
 # per position: measured on the 2-core dev machine, the GEMM wins for one request only).
@@ -119,6 +121,8 @@ class DSparkContext:
         # Only dspark lets the prefix scheduler cut the drafts by their survival; fixed:N
         # reports it too (calibration is measured on it), and verifies all N.
         self.schedules = fixed is None
+        self.calibration = OnlineCalibration(ds.confidence_temperatures, self.length)
+        self._conf: dict[int, list[float]] = {}  # id(request) -> its drafts' confidence logits
 
     @torch.inference_mode()
     def observe(self, out: StepOutput, fed: Fed) -> None:
@@ -173,8 +177,48 @@ class DSparkContext:
             toks.append(prev)
         conf = self.drafter.confidence_logits(h[:, : self.length], torch.stack(prevs, -1))
         drafts = torch.stack(toks, -1).tolist()
-        survival = self.drafter.survival(conf)
+        self._conf = dict(zip((id(r) for r in reqs), conf.tolist(), strict=True))
+        survival = cumulative(apply_temperatures(conf.float(), self.calibration.temps))
         return Proposal(drafts, survival.tolist())
+
+    def feedback(self, req: Request, verified: int, accepted: int) -> None:
+        """How the request's last drafts fared (SpecRunner.verify): calibration data."""
+        conf = self._conf.pop(id(req), None)
+        if conf is not None and verified > 0:
+            self.calibration.add(conf, verified, accepted)
+
+
+class OnlineCalibration:
+    """The confidence head's per-position temperatures, refitted on this engine's own
+    verify outcomes (spec.calibrate.fit_temperatures over the last KEEP request-steps, every
+    REFIT new ones); until then the checkpoint's (dspark_confidence_temperatures, or 1).
+    Calibration drifts with the traffic (the checkpoint's were fitted on its training text),
+    and the prefix scheduler trusts the survival as a probability."""
+
+    REFIT = 256
+    KEEP = 4096
+
+    def __init__(self, temps: tuple[float, ...], length: int) -> None:
+        t = list(temps[:length]) + [1.0] * max(0, length - len(temps))
+        self.temps = torch.tensor(t, dtype=torch.float32)
+        self.length = length
+        self.samples: deque[tuple[list[float], int, int]] = deque(maxlen=self.KEEP)
+        self.new = 0
+        self.fits = 0
+
+    def add(self, conf: list[float], verified: int, accepted: int) -> None:
+        self.samples.append((conf[: self.length], verified, accepted))
+        self.new += 1
+        if self.new >= self.REFIT:
+            self.new = 0
+            self.fits += 1
+            z = torch.tensor([c for c, _, _ in self.samples], dtype=torch.float32)
+            g = torch.arange(z.shape[1])
+            ver = torch.tensor([v for _, v, _ in self.samples])[:, None]
+            acc = torch.tensor([a for _, _, a in self.samples])[:, None]
+            # Draft g was tested when it was verified and every draft before it accepted.
+            valid = (g[None] < ver) & (g[None] <= acc)
+            self.temps = fit_temperatures(z, g[None] < acc, valid)
 
 
 def drafter_problem(mode: SpecMode, config: ModelConfig, name: str) -> str | None:

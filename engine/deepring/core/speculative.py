@@ -279,6 +279,9 @@ class SpecRunner:
                 r = scheduled[i].request
                 if self.record is not None and r.survival is not None:
                     self.record.append((r.survival[: scheduled[i].num_drafts], n))
+                feedback = getattr(self.drafter, "feedback", None)
+                if feedback is not None:
+                    feedback(r, scheduled[i].num_drafts, n)
                 runs[i] = ys[i][: n + 1]
                 self.verified += scheduled[i].num_drafts
                 self.accepted += n
