@@ -49,6 +49,7 @@ PROFILE_TOKEN = 5
 # Steps dspark's drafter rests once drafting did not pay (SpecRunner.plan).
 REST_STEPS = 4
 REST_MAX = 64  # each consecutive rest twice as long as the last, up to this
+DRAFT_TIME_SMOOTHING = 0.2  # weight of the newest proposal's time in the drafter's average
 
 Run = list[tuple[int, TokenLogprob | None]]  # tokens a step emits for a request, in order
 
@@ -90,7 +91,7 @@ class SpecRunner:
         self.seq_seconds = self.base_seconds = 0.0
         self._rest = 0  # steps the drafter skips (plan: drafting did not pay)
         self._rest_len = 0  # the last rest's length (0: drafting paid last time)
-        self.draft_seconds = 0.0  # the drafter's last proposal, seconds per request
+        self.draft_seconds = 0.0  # the drafter's proposals, seconds per request (averaged)
 
     def profile(self, slots: SlotAllocator, blocks: BlockAllocator) -> None:
         """Time steps at start-up (before any request: scratch slots and blocks, given back):
@@ -336,8 +337,11 @@ class SpecRunner:
                 r.drafts = list(prop.drafts[i])
                 r.survival = list(prop.survival[i]) if prop.survival is not None else None
                 _fit_drafts(r, self.model.config.vocab_size)
-            # (the .tolist() of the proposal synchronised the device: this is its time)
-            self.draft_seconds = (time.perf_counter() - t0) / len(decoding)
+            # (the .tolist() of the proposal synchronised the device: this is its time;
+            # averaged, so one slow step on a shared machine does not send the drafter to rest)
+            took = (time.perf_counter() - t0) / len(decoding)
+            a = DRAFT_TIME_SMOOTHING if self.draft_seconds else 1.0
+            self.draft_seconds += a * (took - self.draft_seconds)
 
 
 def _draft_states(req: Request, n: int) -> list:
