@@ -56,7 +56,13 @@ def _generate(args: argparse.Namespace) -> int:
             ignore_eos=args.ignore_eos,
             logprobs=args.logprobs,
         )
-        llm = LLM(args.model, device=args.device, dtype=args.dtype, load_format=args.load_format)
+        llm = LLM(
+            args.model,
+            device=args.device,
+            dtype=args.dtype,
+            load_format=args.load_format,
+            speculative=args.speculative,
+        )
         outputs = llm.generate(prompts, params)
     except ValueError as e:
         print(f"deepring generate: {e}", file=sys.stderr)
@@ -114,6 +120,12 @@ def _add_generate(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--dtype", default=None, help="float32 | bfloat16 | float16 (default: auto)")
     p.add_argument("--load-format", default="auto", choices=["auto", "dummy"])
     p.add_argument("--json", action="store_true", help="one JSON object per prompt")
+    p.add_argument(
+        "--speculative",
+        default="off",
+        metavar="MODE",
+        help="off (default) | mtp | fixed:N | dspark: same output, drafted and verified",
+    )
     p.set_defaults(func=_generate)
 
 

@@ -38,6 +38,13 @@ def _add_engine_args(p: argparse.ArgumentParser, max_num_seqs: int = 64) -> None
         help="tokens without compute: measure the serving stack alone",
     )
     g.add_argument(
+        "--speculative",
+        default="off",
+        metavar="MODE",
+        help="speculative decoding: off (default), mtp (the MTP layer, 1 draft), fixed:N (the "
+        "DSpark drafter, N drafts), dspark (DSpark, lengths scheduled from its confidence)",
+    )
+    g.add_argument(
         "--zero-cost-step-ms",
         type=float,
         default=0.0,
@@ -193,6 +200,7 @@ def _engine_spec(
         swa_ttl_s=args.swa_ttl,
         chat_ttl_s=args.chat_ttl,
         agent_ttl_s=args.agent_ttl,
+        speculative=args.speculative,
         **cli_sched.pacing_settings(args),
     )
 
@@ -355,7 +363,29 @@ def _frontend_config(
 
 
 def _model_error(args: argparse.Namespace, needs_tokenizer: bool) -> str | None:
-    """What is wrong with --model (and the tokenizer it brings), before anything starts."""
+    """What is wrong with --model (and the tokenizer it brings, and the drafter
+    --speculative needs), before anything starts."""
+    problem = _path_error(args, needs_tokenizer)
+    if problem is not None or args.speculative == "off":
+        return problem
+    from deepring.config import SpecMode
+    from deepring.core.drafters import drafter_problem
+    from deepring.model.config import ModelConfig
+    from deepring.model.loader import resolve_model_path
+
+    try:
+        mode = SpecMode.parse(args.speculative)
+        if not mode.on:
+            return None
+        if args.zero_cost:
+            return "--speculative needs a model: it cannot run with --zero-cost"
+        config = ModelConfig.from_pretrained(resolve_model_path(args.model))
+    except ValueError as e:
+        return str(e)
+    return drafter_problem(mode, config, args.model)
+
+
+def _path_error(args: argparse.Namespace, needs_tokenizer: bool) -> str | None:
     if is_embedded(args.model):
         return None
     from deepring.model.config import ModelConfig

@@ -86,6 +86,37 @@ class RateLimit:
         return f"{self.amount:g}/{unit}"
 
 
+SPECULATIVE = ("off", "mtp", "fixed:N", "dspark")
+
+
+@dataclass(frozen=True)
+class SpecMode:
+    """`--speculative`: off | mtp (the MTP layer, 1 token) | fixed:N (the DSpark drafter, N
+    tokens every step) | dspark (the DSpark drafter, lengths scheduled from its confidence)."""
+
+    kind: str = "off"
+    length: int = 0  # drafts per step (dspark: 0, the drafter's block decides)
+
+    @classmethod
+    def parse(cls, text: str) -> SpecMode:
+        t = text.strip().lower()
+        if t in ("off", "mtp", "dspark"):
+            return cls(t, {"off": 0, "mtp": 1, "dspark": 0}[t])
+        if t.startswith("fixed:"):
+            n = t.removeprefix("fixed:")
+            if not n.isdigit() or not 1 <= int(n) <= 64:
+                raise ValueError(f"--speculative fixed:N needs N in 1..64, got {text!r}")
+            return cls("fixed", int(n))
+        raise ValueError(f"--speculative must be one of {', '.join(SPECULATIVE)}, got {text!r}")
+
+    @property
+    def on(self) -> bool:
+        return self.kind != "off"
+
+    def __str__(self) -> str:
+        return f"fixed:{self.length}" if self.kind == "fixed" else self.kind
+
+
 @dataclass(frozen=True)
 class EngineSpec:
     """What a worker serves and how big its caches are."""
@@ -126,8 +157,11 @@ class EngineSpec:
     swa_ttl_s: float = SWA_TTL_S  # ring snapshots (host pool and store)
     chat_ttl_s: float = CHAT_TTL_S
     agent_ttl_s: float = AGENT_TTL_S
+    # Speculative decoding (core.speculative): off | mtp | fixed:N | dspark.
+    speculative: str = "off"
 
     def __post_init__(self) -> None:
+        SpecMode.parse(self.speculative)  # ValueError naming the choices
         if self.max_model_len < 2:
             raise ValueError("max_model_len must be >= 2")
         for name in ("max_num_seqs", "max_num_batched_tokens", "block_size"):

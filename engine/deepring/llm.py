@@ -69,7 +69,10 @@ class LLM:
         num_blocks: int | None = None,
         block_size: int = 128,
         progress: bool = False,
+        speculative: str = "off",
     ) -> None:
+        """speculative: off | mtp | fixed:N | dspark (core.speculative; the output is the
+        same either way, only faster or slower)."""
         if max_num_batched_tokens is None:
             # Offline work is throughput-bound: a step's token budget of a whole prompt at least,
             # and 4096 (DeepInfer's default rule). Serving keeps its smaller, latency-bound one.
@@ -88,6 +91,7 @@ class LLM:
             num_blocks=num_blocks,
             block_size=block_size,
             cpu_threads=env.cpu_threads(),
+            speculative=speculative,
         )
         built = build_engine(spec, progress=progress)
         self.engine = built.engine

@@ -3,6 +3,7 @@ by the spec, the scheduler. What `LLM` and the serving workers start from."""
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import logging
@@ -13,7 +14,7 @@ from pathlib import Path
 import torch
 
 from deepring.cache.pool import CacheConfig, KVCachePool
-from deepring.config import EngineSpec
+from deepring.config import EngineSpec, SpecMode
 from deepring.core.engine import EngineCore
 from deepring.core.prefix import PrefixConfig, Store
 from deepring.core.runner import ModelRunner, Runner, cpu_setup
@@ -80,6 +81,9 @@ def build_engine(spec: EngineSpec, *, progress: bool = False, loaded=None) -> Bu
     from deepring.model.loader import resolve_model_path
 
     device = _device(spec)
+    mode = SpecMode.parse(spec.speculative)
+    if mode.on and spec.zero_cost:
+        raise ValueError("--speculative needs a model: it cannot run in zero-cost mode")
     cache = CacheConfig(
         num_blocks=spec.total_blocks, num_slots=spec.max_num_seqs, block_size=spec.block_size
     )
@@ -93,6 +97,10 @@ def build_engine(spec: EngineSpec, *, progress: bool = False, loaded=None) -> Bu
         if loaded is None:
             loaded = load_weights(spec, progress=progress, device=device)
         model, path, config = loaded.model, loaded.path, loaded.config
+        if mode.on:
+            # The window ring keeps a row for every draft a step may reject (cache.pool).
+            most = config.dspark.block_size if mode.kind == "dspark" and config.dspark else 0
+            cache = dataclasses.replace(cache, backtrack=max(cache.backtrack, mode.length, most))
         layout = config.cache_layout(model.dtype)
         if spec.kv_cache_fraction is not None:
             free = free_memory(device)
@@ -114,6 +122,8 @@ def build_engine(spec: EngineSpec, *, progress: bool = False, loaded=None) -> Bu
         pacing=spec.pacing(),
     )
     engine.tokenizer_path = _tokenizer_in(path)  # what output constraints compile against
+    if mode.on:
+        engine.enable_speculation(mode, spec.model)
     if spec.prefix_cache and model is not None:
         store = open_stores(spec)
         prefix = engine.enable_prefix_cache(

@@ -39,10 +39,14 @@ log = logging.getLogger("deepring.engine")
 
 @dataclass
 class StepResult:
+    """One token a request emitted in a step (speculative steps emit several, in order), or
+    its mid-prompt chunk (new_token None)."""
+
     request: Request
     new_token: int | None  # token sampled this step, if any
     finished: bool
     logprobs: TokenLogprob | None = None  # the new token's, when its params ask for them
+    index: int = -1  # the token's place in the request's output (-1: no token)
 
 
 class EngineCore:
@@ -100,6 +104,31 @@ class EngineCore:
         self.last_step: tuple[StepShape, float] | None = None
         if pacing is not None:
             self.scheduler.pacer = Pacer(pacing, lambda: self.cost.model, clock)
+        self.spec = None  # core.speculative.SpecRunner, when speculative decoding is on
+
+    def enable_speculation(self, mode, name: str) -> None:
+        """Turn on speculative decoding (a core.speculative.SpecMode) for model `name`.
+        ValueError when the model or the cache cannot do it."""
+        from deepring.core.drafters import make_drafter
+        from deepring.core.runner import ModelRunner
+        from deepring.core.speculative import SpecRunner
+
+        if not mode.on:
+            self.spec = None
+            return
+        if not isinstance(self.runner, ModelRunner):
+            raise ValueError("speculative decoding needs a model (not the zero-cost runner)")
+        if self.has_work:
+            raise ValueError("enable speculation before adding requests")
+        drafter = make_drafter(mode, self.runner.model, self.runner.pool, name)
+        most = max(mode.length, getattr(drafter, "length", 1))
+        if self.pool.cache.backtrack < most:
+            raise ValueError(
+                f"--speculative {mode} verifies up to {most} drafts: the cache keeps only "
+                f"{self.pool.cache.backtrack} ring rows for rollback (CacheConfig.backtrack)"
+            )
+        self.spec = SpecRunner(self.runner, drafter)
+        self.spec.profile(self.slots, self.blocks)
 
     @property
     def pool(self) -> KVCachePool | None:
@@ -254,6 +283,9 @@ class EngineCore:
             cache_class=cache_class if cache_class in CACHE_CLASSES else "chat",
             constraint=constraint,
             grammar=grammar,
+            # The sender's drafter context travels in the slot state (serve starts prefill and
+            # decode workers with the same --speculative).
+            draft_from=0 if self.spec is not None else None,
         )
         if self.prefix is not None:
             self.prefix.adopt(req)
@@ -339,6 +371,8 @@ class EngineCore:
     def step(self) -> list[StepResult]:
         """One scheduled step. Finished requests are freed before this returns."""
         t0 = self.clock()
+        if self.spec is not None:
+            self.spec.plan(self.scheduler.running, self.cost.model)
         scheduled = self.scheduler.schedule()
         if not scheduled:
             if self.prefix is not None and self.scheduler.waiting:
@@ -350,17 +384,15 @@ class EngineCore:
         if self.on_compute is not None:
             self.on_compute()
         t1 = self.clock()
-        tokens = self.runner.step(scheduled)
+        runs = self._run(scheduled)
         t2 = self.clock()
         self.compute_seconds += t2 - t1
-        if self.prefix is not None:
-            self.prefix.after_step([s.request for s in scheduled])
-        results = []
-        for s, tok in zip(scheduled, tokens, strict=True):
+        results, stops = [], []
+        for s, run in zip(scheduled, runs, strict=True):
             req = s.request
-            done = False
-            lp, req.new_logprob = req.new_logprob, None
-            if tok is not None:
+            if not run:
+                results.append(StepResult(req, None, False))
+            for tok, lp in run:
                 self.num_generated += 1
                 req.output_ids.append(tok)
                 if tok == req.params.think_end_id:
@@ -372,9 +404,20 @@ class EngineCore:
                     req.grammar = None
                 reason = self._stop_reason(req, tok)
                 if reason is not None:
-                    self.finish(req, reason)
-                    done = True
-            results.append(StepResult(req, tok, done, lp))
+                    stops.append((req, reason))
+                results.append(
+                    StepResult(req, tok, reason is not None, lp, len(req.output_ids) - 1)
+                )
+        # Blocks are published once the tokens they hold are known (a speculative step caches
+        # rows of tokens it emits in the same step), and before finished requests free them.
+        if self.prefix is not None:
+            self.prefix.after_step([s.request for s in scheduled])
+        for req, reason in stops:
+            self.finish(req, reason)
+        if self.spec is not None:
+            t = self.clock()
+            self.spec.after()  # the drafter: model time too
+            self.compute_seconds += self.clock() - t
         t3 = self.clock()
         took = t3 - t0
         self.last_phases = (t0, t1, t2, t3)
@@ -382,6 +425,25 @@ class EngineCore:
         self.cost.observe(shape, took)
         self.last_step = (shape, took)
         return results
+
+    def _run(self, scheduled) -> list[list[tuple[int, TokenLogprob | None]]]:
+        """Run the step: per scheduled request, the tokens it emits, cut at a stop (its
+        cache then holds exactly the rows of the tokens kept)."""
+        if self.spec is None:
+            tokens = self.runner.step(scheduled)
+            runs = []
+            for s, tok in zip(scheduled, tokens, strict=True):
+                lp, s.request.new_logprob = s.request.new_logprob, None
+                runs.append([(tok, lp)] if tok is not None else [])
+            return runs
+        from deepring.core.speculative import kept
+
+        runs = self.spec.verify(scheduled)
+        keeps = [
+            kept(s.request, run, self.eos_token_ids) for s, run in zip(scheduled, runs, strict=True)
+        ]
+        self.spec.commit(keeps)
+        return [run[:k] for run, k in zip(runs, keeps, strict=True)]
 
     def _backlog_s(self, model: StepCost, budget: int) -> float:
         """Predicted seconds of the prompt work in hand (what a prefill router waits on). A

@@ -50,6 +50,13 @@ class Request:
     # The log probabilities of the token the runner sampled this step, when params.logprobs
     # asks for them (EngineCore.step takes them into the StepResult).
     new_logprob: TokenLogprob | None = None
+    # Speculative decoding (core.speculative): tokens a drafter proposes to follow the last
+    # one (the next step verifies them), the drafter's calibrated prefix survival for each
+    # (None: it has no confidence head), and the first position whose drafter context this
+    # slot holds (None: none yet).
+    drafts: list[int] = field(default_factory=list)
+    survival: list[float] | None = None
+    draft_from: int | None = None
 
     @property
     def num_tokens(self) -> int:

@@ -41,12 +41,16 @@ class SchedulerConfig:
 @dataclass
 class Scheduled:
     request: Request
-    num_tokens: int
+    num_tokens: int  # tokens fed this step, the drafts included
+    # Speculative decoding: the leading request.drafts[:num_drafts] ride after its last token
+    # (core.speculative verifies them).
+    num_drafts: int = 0
 
     @property
     def completes(self) -> bool:
         """Whether this chunk reaches the request's last known token (so it samples)."""
-        return self.request.num_cached + self.num_tokens == self.request.num_tokens
+        r = self.request
+        return r.num_cached + self.num_tokens - self.num_drafts == r.num_tokens
 
 
 class Scheduler:
@@ -110,7 +114,8 @@ class Scheduler:
         self.release(req)
         self.running.remove(req)
         req.num_cached = req.window_floor = req.compress_from = 0
-        req.snapshot_at = req.ring_pending = None
+        req.snapshot_at = req.ring_pending = req.draft_from = req.survival = None
+        req.drafts = []
         req.status = Status.WAITING
         req.num_preemptions += 1
         self.num_preemptions += 1
@@ -142,6 +147,10 @@ class Scheduler:
             if n <= 0:
                 i += 1
                 continue
+            # A decoding request's drafts ride along while the budget allows (they need cache
+            # room like any token: rejected ones are rolled back after the step).
+            drafts = min(len(req.drafts), budget - 1) if n == req.pending == 1 else 0
+            n += drafts
             while not self._grow(req, req.num_cached + n):
                 victim = self.running[-1]
                 self._preempt(victim)
@@ -149,7 +158,7 @@ class Scheduler:
                     break
             if req.status is not Status.RUNNING:
                 break
-            out.append(Scheduled(req, n))
+            out.append(Scheduled(req, n, drafts))
             budget -= n
             i += 1
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:

@@ -108,6 +108,12 @@ def _packed_gemm(w16: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
     return lambda x: torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], "")
 
 
+def packed_linear(w16: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
+    """x -> x @ w16.T with the weight reordered for oneDNN once (see _packed_gemm): for
+    callers that want a low-precision GEMM's whole output, not just its argmax."""
+    return _packed_gemm(w16)
+
+
 class _Bf16Logits:
     """Approximate logits from a pre-packed bf16 copy of the weight."""
 

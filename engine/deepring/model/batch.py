@@ -91,6 +91,10 @@ class ForwardBatch:
     # Per request, the first position whose compressor rows this step handles (None: every
     # request's chunk start, the usual case; see SeqChunk.compress_from).
     compress_from: list[int] | None = None
+    # Speculative verification (core.speculative): when a list, every compressor appends
+    # (tail_kv, tail_gate, kv rows, gate rows) of this step, so the tail rows of accepted
+    # positions that a rejected one overwrote can be put back.
+    capture: list | None = None
     _plans: dict[tuple, object] = field(default_factory=dict)
 
     @classmethod

@@ -39,6 +39,8 @@ def compress_into(
     for an overlapping compressor, the block edges: see cache.pool)."""
     plan = batch.compress_plan(ratio, overlap)
     width = kv.shape[1]
+    if batch.capture is not None:
+        batch.capture.append((tail_kv, tail_gate, kv, gate))
     if edges is not None and (edge := batch.edge_plan(ratio)) is not None:
         half = width // 2  # the next entry pools only the first half of these rows
         for src, dst in zip((kv, gate), edges, strict=True):

@@ -178,6 +178,55 @@ class DSparkDrafter(nn.ModuleList):
         out = _rms(_hc_head(last.hc_head, h), last.norm)
         return out.view(b, a, g, -1)
 
+    # ---- the engine's incremental form -------------------------------------------------------
+
+    def context_kv(self, taps: torch.Tensor, positions: torch.Tensor) -> list[torch.Tensor]:
+        """Each stage's context K=V rows [N, head_dim] for the taps [N, n_taps, D] of N
+        positions: what a serving engine keeps per request (one ring per stage) instead of
+        the taps themselves."""
+        main_x = self.fuse(taps)
+        cs = self.rope().cos_sin(positions, "main")
+        return [_kv(stage, main_x, cs) for stage in self]
+
+    def block_from_context(
+        self,
+        ctx_kv: list[torch.Tensor],
+        ctx_valid: torch.Tensor,
+        anchor_ids: torch.Tensor,
+        anchor_pos: torch.Tensor,
+        embed: nn.Embedding,
+    ) -> torch.Tensor:
+        """block_hidden for one block per request from kept context rows: ctx_kv, per stage,
+        [B, S, head_dim] (context_kv of S kept positions, in any order), ctx_valid [B, S] the
+        rows the block may see (its anchor's window), anchor_ids and anchor_pos [B].
+        Returns h [B, block_size, D]."""
+        b, g = anchor_ids.shape[0], self.ds.block_size
+        if len(ctx_kv) != len(self) or ctx_valid.shape[0] != b or anchor_pos.shape != (b,):
+            raise ValueError("one context per stage, and one anchor and valid row per request")
+        dev = anchor_ids.device
+        ids = torch.full((b, g), self.ds.noise_token_id, dtype=torch.long, device=dev)
+        ids[:, 0] = anchor_ids
+        pos = anchor_pos[:, None] + torch.arange(g, device=dev)
+        own = torch.ones(b, g, g, dtype=torch.bool, device=dev)
+        mask = torch.cat([ctx_valid[:, None, :].expand(-1, g, -1), own], -1)
+        dt = self.first.main_proj.weight.dtype
+        h = embed(ids).to(dt).unsqueeze(2).expand(-1, -1, self.config.hc_mult, -1)
+        h = h.reshape(b * g, self.config.hc_mult, -1).contiguous()
+        cs = self.rope().cos_sin(pos, "main")
+        no_ids = torch.zeros(b * g, dtype=torch.long, device=dev)  # learned routing: unused
+        for stage, kv in zip(self, ctx_kv, strict=True):
+            # The plain _stage's math through the engine's modules (hyper-connection kernels,
+            # packed MoE): a serving step's drafter cost is mostly these small ops.
+            post, comb, x = stage.attn_hc(h)
+            a = _attention(stage, stage.input_layernorm(x).view(b, g, -1), kv.to(dt), cs, mask)
+            h = HyperConnection.merge(h, a.reshape(b * g, -1), post, comb)
+            post, comb, x = stage.ffn_hc(h)
+            h = HyperConnection.merge(
+                h, stage.mlp(stage.post_attention_layernorm(x), no_ids), post, comb
+            )
+        last = self.last
+        return last.norm(last.hc_head(h)).view(b, g, -1)
+
     def markov_bias(self, prev_ids: torch.Tensor, rows: torch.Tensor | None = None):
         return self.last.markov_head.bias(prev_ids, rows)
 

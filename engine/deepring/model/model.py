@@ -47,6 +47,9 @@ class StepOutput:
     # [R, hc, D] the logits rows' final streams, with greedy (`DeepseekV4.logits` of a few of
     # them is what a constrained row whose argmax the grammar refuses needs)
     last: torch.Tensor | None = None
+    # [T, n_taps, D] the mean of the streams after each asked-for layer (a DSpark drafter's
+    # context), when requested
+    taps: torch.Tensor | None = None
 
 
 class DeepseekV4(nn.Module):
@@ -104,21 +107,27 @@ class DeepseekV4(nn.Module):
         pool: KVCachePool,
         return_hidden: bool = False,
         greedy: bool = False,
+        taps: tuple[int, ...] = (),
     ) -> StepOutput:
         """One step. `greedy=True` returns the argmax tokens of the logits rows instead of the
-        logits (cheaper: the logits never exist in full)."""
+        logits (cheaper: the logits never exist in full). taps: layers whose output streams,
+        averaged, come back for every row (StepOutput.taps)."""
         ids = batch.input_ids
         x = self.model.embed_tokens(ids)
         h = x.unsqueeze(1).expand(-1, self.config.hc_mult, -1).contiguous()
-        for layer, cache in zip(self.model.layers, pool.layers, strict=False):
+        tapped = {}
+        for i, (layer, cache) in enumerate(zip(self.model.layers, pool.layers, strict=False)):
             h = layer(h, ids, batch, cache)
+            if i in taps:
+                tapped[i] = h.mean(1)
         last = h[batch.logits_rows]
         hidden = h if return_hidden else None
+        tap = torch.stack([tapped[i] for i in taps], 1) if taps else None
         if greedy:
             return StepOutput(
-                logits=None, hidden=hidden, greedy=self.greedy_tokens(last), last=last
+                logits=None, hidden=hidden, greedy=self.greedy_tokens(last), last=last, taps=tap
             )
-        return StepOutput(logits=self.logits(last), hidden=hidden)
+        return StepOutput(logits=self.logits(last), hidden=hidden, taps=tap)
 
     @torch.inference_mode()
     def mtp_forward(

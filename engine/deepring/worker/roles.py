@@ -280,7 +280,7 @@ class PrefillRole(Role):
                 continue
             req = r.request
             # Its output offset (0 unless it was resumed with tokens generated elsewhere).
-            out.token(req.rid, len(req.output_ids) - 1, r.new_token, r.logprobs)
+            out.token(req.rid, r.index, r.new_token, r.logprobs)
             out.cache_hit(req.rid, req.cache_hit)
             if r.finished:  # EOS or max_tokens=1: nothing left for a decode worker
                 out.finish(req.rid, req.finish_reason or "stop", len(req.output_ids))
@@ -462,10 +462,10 @@ class DecodeRole(Role):
             if r.new_token is None:
                 continue
             req = r.request
-            n = len(req.output_ids)
-            out.token(req.rid, n - 1, r.new_token, r.logprobs)
+            # A speculative step emits several tokens of a request, each at its own index.
+            out.token(req.rid, r.index, r.new_token, r.logprobs)
             if r.finished:
-                out.finish(req.rid, req.finish_reason or "stop", n)
+                out.finish(req.rid, req.finish_reason or "stop", len(req.output_ids))
                 self.origins.pop(req.rid)
         self._send(out)
 
