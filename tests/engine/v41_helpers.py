@@ -11,6 +11,7 @@ from deepring.cache.pool import CacheConfig, KVCachePool
 from deepring.model.batch import ForwardBatch, SeqChunk
 from deepring.model.config import ModelConfig
 from deepring.model.loader import load_model
+from deepring.model.presets import v41_quantization
 
 # Nine layers exercise every path: 0-1 sliding only (Engram at 1), 2-4 the encoder's ratio-2
 # CSA2 (2 Full, 3 Reindex, 4 Reuse; Engram at 3 too), 5-8 the decoder's ratio-1 CSA2 (5 Full,
@@ -95,13 +96,7 @@ TINY_V41: dict = {
         "downsample_ratio": 3,
         "max_image_tokens": 16,
     },
-    "quantization_config": {
-        "quant_method": "fp8",
-        "expert_dtype": "fp4",
-        "activation_scheme": "dynamic",
-        "weight_block_size": [32, 32],
-        "scale_fmt": "ue8m0",
-    },
+    "quantization_config": v41_quantization(),
 }
 
 

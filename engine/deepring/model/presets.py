@@ -58,6 +58,38 @@ V4_FLASH: dict = {
 }
 
 
+def v41_positions() -> dict:
+    """The text config's window, activation and position settings every V4.1 config here shares
+    with V4.1-Flash (a fresh dict: configs are edited by their users)."""
+    return {
+        "sliding_window": 128,
+        "hidden_act": "silu",
+        "attention_bias": False,
+        "attention_dropout": 0.0,
+        "rope_theta": 10000.0,
+        "compress_rope_theta": 160000.0,
+        "rope_scaling": {
+            "type": "yarn",
+            "factor": 16,
+            "original_max_position_embeddings": 65536,
+            "beta_fast": 32,
+            "beta_slow": 1,
+        },
+        "max_position_embeddings": 1048576,
+    }
+
+
+def v41_quantization() -> dict:
+    """V4.1-Flash's quantization_config (FP8 weights, FP4 experts)."""
+    return {
+        "quant_method": "fp8",
+        "expert_dtype": "fp4",
+        "activation_scheme": "dynamic",
+        "weight_block_size": [32, 32],
+        "scale_fmt": "ue8m0",
+    }
+
+
 V41_FLASH: dict = {
     "architectures": ["DeepseekV41ForCausalLM"],
     "model_type": "deepseek_v41",
@@ -77,20 +109,7 @@ V41_FLASH: dict = {
         "q_lora_rank": 1280,
         "o_lora_rank": 1024,
         "o_groups": 8,
-        "sliding_window": 128,
-        "hidden_act": "silu",
-        "attention_bias": False,
-        "attention_dropout": 0.0,
-        "rope_theta": 10000.0,
-        "compress_rope_theta": 160000.0,
-        "rope_scaling": {
-            "type": "yarn",
-            "factor": 16,
-            "original_max_position_embeddings": 65536,
-            "beta_fast": 32,
-            "beta_slow": 1,
-        },
-        "max_position_embeddings": 1048576,
+        **v41_positions(),
         "compress_ratios": [0, 0] + [2] * 18 + [1] * 20 + [0, 0, 0],
         "kv_source_layer_ids": [2, 8, 14, 20],
         "index_source_layer_ids": [2, 8, 14, 20, 24, 28, 32, 36],
@@ -131,11 +150,5 @@ V41_FLASH: dict = {
         "use_fp4_sparse_kv": True,
     },
     "vision_config": {"hidden_size": 1024, "patch_size": 14, "downsample_ratio": 3},
-    "quantization_config": {
-        "quant_method": "fp8",
-        "expert_dtype": "fp4",
-        "activation_scheme": "dynamic",
-        "weight_block_size": [32, 32],
-        "scale_fmt": "ue8m0",
-    },
+    "quantization_config": v41_quantization(),
 }

@@ -11,6 +11,7 @@ import json
 from pathlib import Path
 
 from deepring import env
+from deepring.model.presets import v41_positions, v41_quantization
 from deepring.protocol.tokenizer import write_v41_tokenizer
 
 TINY_SEED = 0
@@ -35,20 +36,7 @@ V41_TINY_CONFIG: dict = {
         "q_lora_rank": 64,
         "o_lora_rank": 32,
         "o_groups": 2,
-        "sliding_window": 128,
-        "hidden_act": "silu",
-        "attention_bias": False,
-        "attention_dropout": 0.0,
-        "rope_theta": 10000.0,
-        "compress_rope_theta": 160000.0,
-        "rope_scaling": {
-            "type": "yarn",
-            "factor": 16,
-            "original_max_position_embeddings": 65536,
-            "beta_fast": 32,
-            "beta_slow": 1,
-        },
-        "max_position_embeddings": 1048576,
+        **v41_positions(),
         "compress_ratios": [0, 0, 2, 2, 1, 1, 1, 1, 0],
         "kv_source_layer_ids": [2, 4],
         "index_source_layer_ids": [2, 3, 4, 6],
@@ -89,13 +77,7 @@ V41_TINY_CONFIG: dict = {
         "tie_word_embeddings": False,
     },
     "vision_config": {"hidden_size": 64, "patch_size": 14, "downsample_ratio": 3},
-    "quantization_config": {
-        "quant_method": "fp8",
-        "expert_dtype": "fp4",
-        "activation_scheme": "dynamic",
-        "weight_block_size": [32, 32],
-        "scale_fmt": "ue8m0",
-    },
+    "quantization_config": v41_quantization(),
 }
 
 
