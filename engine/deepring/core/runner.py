@@ -91,18 +91,9 @@ class ModelRunner:
         tokens: list[int] = []
         forced = _forced(sampling)
         if sampling and greedy:
-            tokens = out_step.greedy.tolist()
-            if pending is not None:
-                tokens = self.masks.fix_greedy(tokens, pending, self._logits_of(out_step.last))
-            for i, tok in forced.items():
-                tokens[i] = tok
+            tokens = self.constrained_greedy(out_step, pending, forced)
         elif sampling:
-            if pending is not None:
-                self.masks.apply(out_step.logits, pending)  # logprobs then include the masks
-            with torch.inference_mode():  # (the logits are inference tensors)
-                for i, tok in forced.items():  # the only token left: sampled, logprob 0
-                    out_step.logits[i] = float("-inf")
-                    out_step.logits[i, tok] = 0.0
+            self.constrain_logits(out_step.logits, pending, forced)
             rows = [s.request for s in sampling]
             sampled = self.sampler.sample(out_step.logits, rows)
             tokens = sampled.tokens
@@ -114,6 +105,26 @@ class ModelRunner:
             s.request.num_cached += s.num_tokens
             out.append(next(it) if c else None)
         return out
+
+    def constrained_greedy(self, out, pending, forced: dict[int, int]) -> list[int]:
+        """The greedy head's tokens, each a grammar refuses recomputed from its own masked
+        logits, and the forced ones (a spent thinking budget) put in."""
+        tokens = out.greedy.tolist()
+        if pending is not None:
+            tokens = self.masks.fix_greedy(tokens, pending, self._logits_of(out.last))
+        for i, tok in forced.items():
+            tokens[i] = tok
+        return tokens
+
+    def constrain_logits(self, logits: torch.Tensor, pending, forced: dict[int, int]) -> None:
+        """Grammar masks and forced tokens applied to the logits the sampler then reads (the
+        reported log probabilities include them; a forced row's token has logprob 0)."""
+        if pending is not None:
+            self.masks.apply(logits, pending)
+        with torch.inference_mode():  # (the logits are inference tensors)
+            for i, tok in forced.items():
+                logits[i] = float("-inf")
+                logits[i, tok] = 0.0
 
     def _logits_of(self, last: torch.Tensor):
         """(rows, token ids or None) -> those rows' logits of those tokens (or all)."""

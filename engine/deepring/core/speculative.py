@@ -243,18 +243,9 @@ class SpecRunner:
         lps: list[TokenLogprob | None] = [None] * len(rows)
         forced = _forced(scheduled, rows, states)
         if rows and greedy:
-            tokens = out.greedy.tolist()
-            if pending is not None:
-                tokens = run.masks.fix_greedy(tokens, pending, run._logits_of(out.last))
-            for j, tok in forced.items():
-                tokens[j] = tok
+            tokens = run.constrained_greedy(out, pending, forced)
         elif rows:
-            if pending is not None:
-                run.masks.apply(out.logits, pending)
-            with torch.inference_mode():  # (the logits are inference tensors)
-                for j, tok in forced.items():  # the only token left: sampled, logprob 0
-                    out.logits[j] = float("-inf")
-                    out.logits[j, tok] = 0.0
+            run.constrain_logits(out.logits, pending, forced)
             sampled = run.sampler.sample(
                 out.logits, [_row(scheduled[i].request, k) for i, k in rows]
             )
