@@ -2,6 +2,9 @@
 
 import pytest
 import torch
+from deepring.kernels import greedy as greedy_kernels
+from deepring.kernels import greedy_head
+from deepring.kernels.dispatch import HAVE_NUMBA
 
 # One intra-op thread: the test models are tiny (overhead-bound), and a second OpenMP thread
 # costs 10x when the cores are shared with another job (a Rust build, another test run).
@@ -76,3 +79,27 @@ def row_splits_checked(monkeypatch):
         module = importlib.import_module(f"deepring.kernels.{name}")
         monkeypatch.setattr(module, "run_rows", checking)
     return checked
+
+
+_NO_INT8 = pytest.mark.skipif(
+    not hasattr(torch.ops.onednn, "qlinear_prepack"), reason="no oneDNN int8 linear in this torch"
+)
+_NO_NUMBA = pytest.mark.skipif(not HAVE_NUMBA, reason="numba is not installed")
+
+
+@pytest.fixture(
+    params=[
+        pytest.param(("bf16", "torch"), id="bf16-torch"),
+        pytest.param(("bf16", "numba"), id="bf16-numba", marks=_NO_NUMBA),
+        pytest.param(("int8", "torch"), id="int8-torch", marks=_NO_INT8),
+        pytest.param(("int8", "numba"), id="int8-numba", marks=[_NO_INT8, _NO_NUMBA]),
+    ]
+)
+def kind(request, monkeypatch) -> str:
+    """The greedy head's low-precision GEMM (kernels.greedy_head), with the torch or numba int8
+    quantisation and settling pass (kernels.greedy)."""
+    kind, impl = request.param
+    monkeypatch.setattr(greedy_head, "settle", getattr(greedy_kernels, f"settle_{impl}"))
+    quantize = getattr(greedy_kernels, f"quantize_rows_{impl}")
+    monkeypatch.setattr(greedy_head, "quantize_rows", quantize)
+    return kind

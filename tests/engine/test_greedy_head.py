@@ -19,26 +19,7 @@ TILE = greedy_kernels.TILE
 HAS_INT8_OP = hasattr(torch.ops.onednn, "qlinear_prepack")
 
 
-_NO_INT8 = pytest.mark.skipif(not HAS_INT8_OP, reason="no oneDNN int8 linear in this torch")
 _NO_NUMBA = pytest.mark.skipif(not HAVE_NUMBA, reason="numba is not installed")
-
-
-@pytest.fixture(
-    params=[
-        pytest.param(("bf16", "torch"), id="bf16-torch"),
-        pytest.param(("bf16", "numba"), id="bf16-numba", marks=_NO_NUMBA),
-        pytest.param(("int8", "torch"), id="int8-torch", marks=_NO_INT8),
-        pytest.param(("int8", "numba"), id="int8-numba", marks=[_NO_INT8, _NO_NUMBA]),
-    ]
-)
-def kind(request, monkeypatch) -> str:
-    """The head's low-precision GEMM, with the torch or numba int8 quantisation and settling
-    pass (kernels.greedy)."""
-    kind, impl = request.param
-    monkeypatch.setattr(greedy_head, "settle", getattr(greedy_kernels, f"settle_{impl}"))
-    quantize = getattr(greedy_kernels, f"quantize_rows_{impl}")
-    monkeypatch.setattr(greedy_head, "quantize_rows", quantize)
-    return kind
 
 
 @pytest.mark.parametrize("vocab", [1000, 1003, 7, 20 * TILE])  # most with a partial last tile

@@ -431,3 +431,32 @@ def test_the_compiler_is_built_ahead_for_workers(deepring_cache_dir):
     assert eng._grammars is compiler
     assert compiler.compiles == 1
     assert re.fullmatch("[0-9]{3}", llm.tokenizer.decode(out.token_ids[:-1]))
+
+
+def test_the_greedy_heads_masked_settle_equals_masked_fp32_logits(llm, monkeypatch):
+    """Long free strings keep most of the vocabulary allowed, so a refused argmax is settled
+    again from the low-precision head's approximate logits under the mask: the tokens equal
+    those of the fp32 head, whose refused rows take their whole fp32 logits row, masked."""
+    schema = {
+        "type": "object",
+        "properties": {"a": {"type": "string", "maxLength": 60}, "b": {"type": "string"}},
+        "required": ["a", "b"],
+        "additionalProperties": False,
+    }
+    constraint = build.json_schema(schema)
+    prompts = [[5 + i, 17, 300 + 11 * i] for i in range(6)]
+    params = SamplingParams(temperature=0, max_tokens=48)
+    runs = {}
+
+    def settled() -> int:
+        masks = llm.engine.runner.masks  # (made by the first constrained step)
+        return 0 if masks is None else masks.settled
+
+    for head in ("bf16", "fp32"):
+        monkeypatch.setenv("DEEPRING_GREEDY_HEAD", head)
+        before = settled()
+        outs = llm.generate(prompts, params, constraints=constraint)
+        runs[head] = ([o.token_ids for o in outs], settled() - before)
+    assert runs["bf16"][0] == runs["fp32"][0]
+    assert runs["bf16"][1] > 0  # the masked settle answered rows
+    assert runs["fp32"][1] == 0

@@ -111,7 +111,9 @@ class ModelRunner:
         logits, and the forced ones (a spent thinking budget) put in."""
         tokens = out.greedy.tolist()
         if pending is not None:
-            tokens = self.masks.fix_greedy(tokens, pending, self._logits_of(out.last))
+            tokens = self.masks.fix_greedy(
+                tokens, pending, self._logits_of(out.last), out.masked_greedy
+            )
         for i, tok in forced.items():
             tokens[i] = tok
         return tokens

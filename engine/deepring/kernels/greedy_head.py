@@ -36,6 +36,9 @@ from deepring.kernels.greedy import quantize_rows, settle
 
 # The bound is itself computed in fp32; a margin far above those roundings keeps it an upper bound.
 _MARGIN = 1 + 2.0**-8
+# Stands for a refused token's logit in masked_argmax (finite: an -inf would break the max pass's
+# ordering of bf16 bits).
+_LOWEST_BF16 = float(torch.finfo(torch.bfloat16).min)
 
 
 def _cpu_has(*names: str) -> bool:
@@ -174,6 +177,10 @@ class GreedyHead:
         self.kind = kind
         self._key: tuple[int, int] | None = None
         self._logits: _Bf16Logits | _Int8Logits | None = None
+        # The last call's approximate logits, bounds and rows, kept for `masked_argmax`: a
+        # grammar-constrained row whose argmax its grammar refuses is settled again from them
+        # under its mask instead of paying for its whole fp32 logits row.
+        self.last: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
 
     def prepare(self, w: torch.Tensor) -> None:
         key = (w.data_ptr(), w._version)
@@ -187,9 +194,33 @@ class GreedyHead:
         y = y.float()
         logits = self._logits(y)
         if logits is None:  # a non-finite row: no bound holds, the plain path says what fp32 does
+            self.last = None
             return F.linear(y, w.float()).argmax(-1)
         approx, a = logits
-        return settle(approx, a * _MARGIN, y, w)
+        self.last = (approx, a * _MARGIN, y)
+        return settle(approx, self.last[1], y, w)
+
+    def masked_argmax(self, last, rows: list[int], allowed: torch.Tensor, w: torch.Tensor) -> list:
+        """For rows of the `argmax` call that left `last`: the fp32 argmax among each row's allowed tokens
+        (allowed: bool [len(rows), V]; first maximum), or None where this cannot tell.
+
+        The refused tokens' approximate logits become the lowest finite bf16 value and the row
+        is settled again. The masked argmax j* is allowed, so its bound holds and it stays a
+        candidate; every candidate's fp32 logit is compared. If the winner is allowed it is
+        therefore j* (an allowed tie lies within the bounds too). A refused token can become a
+        candidate only when the threshold sinks to the sentinel (overflowing bounds) or through
+        the plain fp32 fallback, which knows no mask; such a winner is answered None."""
+        approx, a, y = last
+        index = torch.tensor(rows, dtype=torch.long)
+        sub = approx.index_select(0, index)
+        vocab = sub.shape[1]
+        if allowed.shape[1] < vocab:  # a padded head: its extra rows are never allowed
+            allowed = torch.nn.functional.pad(allowed, (0, vocab - allowed.shape[1]))
+        allowed = allowed[:, :vocab]
+        sub.masked_fill_(~allowed, _LOWEST_BF16)
+        won = settle(sub, a.index_select(0, index), y.index_select(0, index), w).tolist()
+        ok = allowed[torch.arange(len(rows)), torch.tensor(won)].tolist()
+        return [tok if good else None for tok, good in zip(won, ok, strict=True)]
 
 
 # Vocabulary tile of the fp32 path: a tile's logits stay in cache while its max is taken.
@@ -205,6 +236,7 @@ class GreedyArgmax:
 
     def __init__(self) -> None:
         self.head: GreedyHead | None = None
+        self._used: GreedyHead | None = None  # the low-precision head of the last call, if any
 
     def _low_precision(self, w: torch.Tensor) -> GreedyHead | None:
         if w.dtype != torch.float32 or w.device.type != "cpu":
@@ -223,8 +255,19 @@ class GreedyArgmax:
         if head is not None:
             head.prepare(w)
 
+    def masker(self, w: torch.Tensor) -> Callable[[list[int], torch.Tensor], list] | None:
+        """For the last call: (rows, allowed bool [n, V]) -> each row's fp32 argmax among its
+        allowed tokens, or None for a row it cannot tell (GreedyHead.masked_argmax); None when
+        that call had no low-precision head (the caller computes those rows' fp32 logits)."""
+        head = self._used
+        last = None if head is None else head.last
+        if last is None:
+            return None
+        return lambda rows, allowed: head.masked_argmax(last, rows, allowed, w)
+
     def __call__(self, y: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         head = self._low_precision(w) if y.shape[0] else None
+        self._used = head
         if head is not None:
             return head.argmax(y, w)
         if y.shape[0] <= GREEDY_FULL_ROWS:

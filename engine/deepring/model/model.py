@@ -8,6 +8,8 @@ keys).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from dataclasses import dataclass
 
 import torch
@@ -50,6 +52,10 @@ class StepOutput:
     # [T, n_taps, D] the mean of the streams after each asked-for layer (a DSpark drafter's
     # context), when requested
     taps: torch.Tensor | None = None
+    # With greedy, where the low-precision greedy head ran: (rows, allowed bool [n, vocab]) ->
+    # those rows' argmax among their allowed tokens (None where it cannot tell), from the
+    # head's own approximate logits (kernels.greedy_head.GreedyArgmax.masker)
+    masked_greedy: Callable[[list[int], torch.Tensor], list] | None = None
 
 
 class DeepseekV4(nn.Module):
@@ -124,9 +130,11 @@ class DeepseekV4(nn.Module):
         hidden = h if return_hidden else None
         tap = torch.stack([tapped[i] for i in taps], 1) if taps else None
         if greedy:
+            tokens = self.greedy_tokens(last)
             return StepOutput(
-                logits=None, hidden=hidden, greedy=self.greedy_tokens(last), last=last, taps=tap
-            )
+                logits=None, hidden=hidden, greedy=tokens, last=last, taps=tap,
+                masked_greedy=self._greedy.masker(self.lm_head.weight),
+            )  # fmt: skip
         return StepOutput(logits=self.logits(last), hidden=hidden, taps=tap)
 
     @torch.inference_mode()

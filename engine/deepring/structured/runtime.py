@@ -135,6 +135,7 @@ class TokenMasks:
         self.compute_seconds = 0.0  # wall time the helper thread spent computing masks
         self.steps = 0  # steps with a constrained row
         self.rows = 0  # rows masked
+        self.settled = 0  # of them, greedy rows the greedy head's masked settle answered
 
     def start(self, states: Sequence[GrammarState | None]) -> Future | None:
         """Begin computing the masks of the rows with a state (on a helper thread); None when no
@@ -222,14 +223,17 @@ class TokenMasks:
         masked[:, v:] = float("-inf")
         logits.index_copy_(0, dst, masked)
 
-    def fix_greedy(self, tokens: list[int], pending: Future | None, head) -> list[int]:
+    def fix_greedy(
+        self, tokens: list[int], pending: Future | None, head, masked=None
+    ) -> list[int]:
         """Greedy tokens of a step whose rows took the argmax-only head: a constrained row
         keeps its argmax when the grammar allows it (it is then also the masked argmax: the
         first maximum among the allowed tokens); otherwise the argmax of its allowed tokens'
         logits. head(rows, token_ids): logits [len(rows), len(token_ids) or vocab] of those rows
         (token_ids None: the whole vocabulary). Few allowed tokens (a JSON structure position)
-        take only their own logits; many (inside a string) a full row, masked. Rows are those
-        of `start`."""
+        take only their own logits; many (inside a string) the greedy head's masked settle
+        where `masked` (StepOutput.masked_greedy) answers, else a full row, masked. Rows are
+        those of `start`."""
         if pending is None:
             return tokens
         self.wait(pending)
@@ -250,6 +254,16 @@ class TokenMasks:
                 cols = torch.from_numpy(np.searchsorted(union, allowed))
                 tokens[i] = int(allowed[int(row.index_select(0, cols).argmax())])
         dense = [i for i, _ in dense]
+        if dense and masked is not None:
+            # The greedy head's own approximate logits, masked and settled again: exact, and
+            # no fp32 row of the whole vocabulary (kernels.greedy_head.masked_argmax).
+            allowed = torch.from_numpy(np.stack([self._bits(i) for i in dense]))
+            won = masked(dense, allowed)
+            self.settled += sum(tok is not None for tok in won)
+            for i, tok in zip(dense, won, strict=True):
+                if tok is not None:
+                    tokens[i] = tok
+            dense = [i for i, tok in zip(dense, won, strict=True) if tok is None]
         if dense:
             logits = head(dense, None)
             self.apply(logits, pending, list(zip(dense, range(len(dense)), strict=True)))

@@ -223,5 +223,7 @@ class DeepseekV41(nn.Module):
         y = collapse(pre[rows], h[rows])
         hidden = h if return_hidden else None
         if greedy:
-            return StepOutput(logits=None, hidden=hidden, greedy=self.greedy_tokens(y), last=y)
+            tokens = self.greedy_tokens(y)
+            masked = self._greedy.masker(self.head.weight)
+            return StepOutput(logits=None, hidden=hidden, greedy=tokens, last=y, masked_greedy=masked)
         return StepOutput(logits=self.logits(y), hidden=hidden)

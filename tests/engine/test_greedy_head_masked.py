@@ -1,0 +1,116 @@
+"""The greedy head's masked argmax (kernels.greedy_head.GreedyHead.masked_argmax), which a
+grammar-constrained row whose argmax its grammar refuses takes instead of its whole fp32 logits
+row, against the fp32 logits masked and arg-maxed in torch."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from deepring.kernels.greedy_head import GreedyArgmax, GreedyHead
+
+
+def _masked_fp32_argmax(y: torch.Tensor, w: torch.Tensor, allowed: torch.Tensor) -> list[int]:
+    logits = F.linear(y, w).masked_fill(~allowed[:, : w.shape[0]], float("-inf"))
+    return logits.argmax(-1).tolist()
+
+
+def _masked(head: GreedyHead, y, w, allowed, rows=None) -> list:
+    head.argmax(y, w)
+    rows = list(range(y.shape[0])) if rows is None else rows
+    return head.masked_argmax(head.last, rows, allowed, w)
+
+
+@pytest.mark.parametrize("density", [0.9, 0.5, 0.05, 0.0005])
+@pytest.mark.parametrize("vocab", [1003, 20 * 128])
+def test_random_masks_match_the_masked_fp32_argmax(kind, density, vocab):
+    g = torch.Generator().manual_seed(vocab)
+    w = torch.randn(vocab, 64, generator=g)
+    y = torch.randn(64, 64, generator=g) * 3
+    allowed = torch.rand(64, vocab, generator=g) < density
+    allowed[torch.arange(64), torch.randint(0, vocab, (64,), generator=g)] = True  # >= 1 each
+    got = _masked(GreedyHead(kind), y, w, allowed)
+    assert None not in got  # nothing here needs the fp32 fallback
+    assert got == _masked_fp32_argmax(y, w, allowed)
+
+
+def test_the_refused_winner_and_near_ties_below_bf16_resolution(kind):
+    """Token 0 wins every row unmasked and is refused; tokens 100..139 tie at ~65 within
+    bf16's resolution and row i favours 100 + i by 1e-4: the masked argmax is 100 + i."""
+    g = torch.Generator().manual_seed(1)
+    w = torch.randn(500, 64, generator=g) * 0.1
+    w[0] = 2.0
+    for t in range(40):
+        w[100 + t] = 1.0
+        w[100 + t, t] += 1e-4
+    y = torch.ones(40, 64) + torch.eye(40, 64)
+    allowed = torch.ones(40, 500, dtype=torch.bool)
+    allowed[:, 0] = False
+    assert _masked(GreedyHead(kind), y, w, allowed) == [100 + i for i in range(40)]
+
+
+def test_exact_ties_among_allowed_tokens_pick_the_first(kind):
+    w = torch.randn(300, 32, generator=torch.Generator().manual_seed(2)) * 0.1
+    w[17] = w[123] = w[250] = torch.ones(32)
+    y = torch.ones(3, 32)
+    allowed = torch.ones(3, 300, dtype=torch.bool)
+    allowed[0, 17] = False  # row 0: 123 and 250 tie; row 1: all three; row 2: only 250
+    allowed[2, 17] = allowed[2, 123] = False
+    assert _masked(GreedyHead(kind), y, w, allowed) == [123, 17, 250]
+
+
+def test_allowed_tokens_all_negative_beside_positive_refused_ones(kind):
+    g = torch.Generator().manual_seed(3)
+    w = -torch.rand(600, 16, generator=g) - 0.5  # every logit of a positive row is negative
+    w[:200] *= -1  # but these are positive, and refused
+    y = torch.rand(8, 16, generator=g) + 0.1
+    allowed = torch.zeros(8, 600, dtype=torch.bool)
+    allowed[:, 200:] = True
+    got = _masked(GreedyHead(kind), y, w, allowed)
+    assert got == _masked_fp32_argmax(y, w, allowed)
+
+
+def test_a_subset_of_rows_and_a_padded_head(kind):
+    """Rows are those of the argmax call; the mask may be narrower than a padded head (the
+    padding is never allowed)."""
+    g = torch.Generator().manual_seed(4)
+    w = torch.randn(1030, 32, generator=g)
+    y = torch.randn(10, 32, generator=g)
+    head = GreedyHead(kind)
+    head.argmax(y, w)
+    rows = [7, 2, 9]
+    allowed = torch.rand(3, 1000, generator=g) < 0.3
+    got = head.masked_argmax(head.last, rows, allowed, w)
+    padded = F.pad(allowed, (0, 30))
+    assert got == _masked_fp32_argmax(y[rows], w, padded)
+    assert all(t < 1000 for t in got)
+
+
+def test_a_row_the_bounds_cannot_settle_is_answered_none(kind):
+    """Logits past bf16's range leave no finite threshold: the settle falls back to the plain
+    fp32 argmax, which knows no mask; a refused winner from it must not come back."""
+    w = torch.zeros(400, 8)
+    w[5] = 1.0
+    w[300] = 0.5
+    y = torch.full((2, 8), 1e37)
+    allowed = torch.ones(2, 400, dtype=torch.bool)
+    allowed[0, 5] = False  # row 0: the unmasked winner is refused
+    got = _masked(GreedyHead(kind), y, w, allowed)
+    assert got[0] in (None, 300)
+    assert got[1] == 5
+
+
+def test_the_masker_is_bound_to_its_call_and_absent_on_the_fp32_path(monkeypatch):
+    monkeypatch.setenv("DEEPRING_GREEDY_HEAD", "bf16")
+    g = torch.Generator().manual_seed(5)
+    w = torch.randn(700, 32, generator=g)
+    y1, y2 = torch.randn(4, 32, generator=g), torch.randn(6, 32, generator=g)
+    head = GreedyArgmax()
+    head(y1, w)
+    first = head.masker(w)
+    head(y2, w)  # a later call does not change what the first masker settles
+    allowed = torch.rand(4, 700, generator=g) < 0.5
+    assert first([0, 1, 2, 3], allowed) == _masked_fp32_argmax(y1, w, allowed)
+    monkeypatch.setenv("DEEPRING_GREEDY_HEAD", "fp32")
+    head(y1, w)
+    assert head.masker(w) is None
