@@ -201,8 +201,9 @@ class GreedyHead:
         return settle(approx, self.last[1], y, w)
 
     def masked_argmax(self, last, rows: list[int], allowed: torch.Tensor, w: torch.Tensor) -> list:
-        """For rows of the `argmax` call that left `last`: the fp32 argmax among each row's allowed tokens
-        (allowed: bool [len(rows), V]; first maximum), or None where this cannot tell.
+        """For rows of the `argmax` call that left `last`: the fp32 argmax among each row's
+        allowed tokens (allowed: bool [len(rows), V]; first maximum), or None where this cannot
+        tell.
 
         The refused tokens' approximate logits become the lowest finite bf16 value and the row
         is settled again. The masked argmax j* is allowed, so its bound holds and it stays a

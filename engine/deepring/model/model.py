@@ -9,7 +9,6 @@ keys).
 from __future__ import annotations
 
 from collections.abc import Callable
-
 from dataclasses import dataclass
 
 import torch

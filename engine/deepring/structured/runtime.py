@@ -223,9 +223,7 @@ class TokenMasks:
         masked[:, v:] = float("-inf")
         logits.index_copy_(0, dst, masked)
 
-    def fix_greedy(
-        self, tokens: list[int], pending: Future | None, head, masked=None
-    ) -> list[int]:
+    def fix_greedy(self, tokens: list[int], pending: Future | None, head, masked=None) -> list[int]:
         """Greedy tokens of a step whose rows took the argmax-only head: a constrained row
         keeps its argmax when the grammar allows it (it is then also the masked argmax: the
         first maximum among the allowed tokens); otherwise the argmax of its allowed tokens'

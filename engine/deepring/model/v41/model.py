@@ -225,5 +225,7 @@ class DeepseekV41(nn.Module):
         if greedy:
             tokens = self.greedy_tokens(y)
             masked = self._greedy.masker(self.head.weight)
-            return StepOutput(logits=None, hidden=hidden, greedy=tokens, last=y, masked_greedy=masked)
+            return StepOutput(
+                logits=None, hidden=hidden, greedy=tokens, last=y, masked_greedy=masked
+            )
         return StepOutput(logits=self.logits(y), hidden=hidden)
