@@ -6,7 +6,9 @@ plain sampling for the same seed, so the same distribution: chi-square over seed
 
 from __future__ import annotations
 
+import inspect
 import json
+import textwrap
 
 import pytest
 import torch
@@ -147,3 +149,59 @@ def test_thinking_budget_forces_the_end_inside_a_verified_run(pair, temperature,
     finally:
         spec.engine.spec.drafter = saved
     assert got.token_ids == want.token_ids
+
+
+def _recording(llm) -> list[tuple[int, list[int]]]:
+    """Every proposal of the engine's drafter from now on, as (tokens up to and including the
+    anchor, drafts)."""
+    drafter = llm.engine.spec.drafter
+    propose, seen = drafter.propose, []
+
+    def recorded(reqs):
+        prop = propose(reqs)
+        seen.extend((r.num_tokens, d) for r, d in zip(reqs, prop.drafts, strict=True))
+        return prop
+
+    drafter.propose = recorded
+    return seen
+
+
+@pytest.mark.parametrize("mode", ["fixed:5", "mtp"])
+def test_a_ring_hit_restores_the_drafters_context(deepring_cache_dir, mode):
+    """A prompt's ring snapshot at its last block boundary holds the drafter's window too: a
+    second prompt sharing those 256 tokens, restored from the snapshot (a ring hit), drafts
+    exactly what a cold engine drafts for it (the drafter sees the window before the hit, not
+    only the new suffix), and emits the same tokens. (fixed:5 is the DSpark drafter with
+    lengths that do not depend on the machine's measured speed, as dspark's do.)"""
+    model = "tiny-trained" if mode == "fixed:5" else "tiny"
+    warm = LLM(model, max_model_len=1024, max_num_seqs=2, speculative=mode)
+    # Python source (what tiny-trained was trained on), so that its drafts follow the context.
+    first = warm.encode(inspect.getsource(textwrap))[1:301]
+    second = first[:256] + warm.encode(" return")[1:]
+    p = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
+    warm.generate([first], SamplingParams(temperature=0, max_tokens=1))
+    seen = _recording(warm)
+    got = warm.generate([second], p)[0]
+    assert warm.engine.prefix.stats["ring_hits"] == 1, warm.engine.prefix.stats
+    cold = LLM(model, max_model_len=1024, max_num_seqs=2, speculative=mode)
+    want_seen = _recording(cold)
+    want = cold.generate([second], p)[0]
+    assert got.token_ids == want.token_ids
+    # The two runs step differently (the cold one's prefill stops at the snapshot point, so
+    # it drafts one token earlier): compare the drafts at the anchors both proposed at.
+    mine, theirs = dict(seen), dict(want_seen)
+    common = sorted(set(mine) & set(theirs))
+    assert len(common) >= 2, (seen, want_seen)
+    assert [mine[a] for a in common] == [theirs[a] for a in common]
+
+
+def test_ring_snapshots_are_named_by_the_drafter(deepring_cache_dir):
+    """An engine drafting with another drafter (or none) never restores a snapshot written
+    with this one's rings: its ring keys differ, so its hit replays instead."""
+    from deepring.cache.prefix import ring_key
+
+    key = b"k" * 32
+    assert len({ring_key(key), ring_key(key, "mtp"), ring_key(key, "dspark")}) == 3
+    eng = LLM("tiny", max_model_len=1024, max_num_seqs=2, speculative="mtp").engine
+    assert eng.prefix.drafter == "mtp"
+    assert LLM("tiny", max_model_len=1024, max_num_seqs=2).engine.prefix.drafter == ""

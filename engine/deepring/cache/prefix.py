@@ -54,8 +54,14 @@ def chain_keys(parent: bytes, token_ids: Sequence[int], block_size: int) -> list
     return out
 
 
-def ring_key(block_key: bytes) -> bytes:
-    return _h(b"ring\0", block_key)
+def ring_key(block_key: bytes, drafter: str = "") -> bytes:
+    """The key of the ring snapshot at the end of `block_key`'s block. A speculative engine's
+    snapshot also holds its drafter's window rings (the pool's layers after the backbone),
+    whose contents differ by drafter (none, MTP, DSpark): the drafter names the key, so an
+    engine only ever restores a drafter context written by the same kind of drafter."""
+    if not drafter:
+        return _h(b"ring\0", block_key)
+    return _h(b"ring\0", block_key, b"\0drafter:", drafter.encode())
 
 
 class HostTier:

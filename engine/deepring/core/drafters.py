@@ -46,6 +46,7 @@ class Proposal:
 
 
 class MTPDrafter:
+    kind = "mtp"  # names the ring snapshots that hold its window (cache.prefix.ring_key)
     taps: tuple[int, ...] = ()
     wants_hidden = True
     schedules = False
@@ -90,6 +91,7 @@ class MTPDrafter:
 
 
 class DSparkContext:
+    kind = "dspark"  # (fixed:N too: the same drafter, the same window rings)
     wants_hidden = False
 
     def __init__(self, model: DeepseekV4, pool: KVCachePool, fixed: int | None) -> None:

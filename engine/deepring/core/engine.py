@@ -149,9 +149,11 @@ class EngineCore:
             raise ValueError("prefix caching needs a runner with a cache pool")
         if self.has_work:
             raise ValueError("enable the prefix cache before adding requests")
+        # The drafter's window rings are part of the ring snapshots: they are named by it.
+        drafter = "" if self.spec is None else self.spec.drafter.kind
         self.prefix = PrefixCache(
             self.pool, self.blocks, config, identity=identity, num_layers=num_layers, store=store,
-            clock=clock,
+            clock=clock, drafter=drafter,
         )  # fmt: skip
         # V4.1's decoder replay: a hit past the prompt's last KEEP tokens restarts there.
         self.prefix.decoder_keep = int(getattr(getattr(self.runner, "model", None),
@@ -409,7 +411,12 @@ class EngineCore:
                     StepResult(req, tok, reason is not None, lp, len(req.output_ids) - 1)
                 )
         # Blocks are published once the tokens they hold are known (a speculative step caches
-        # rows of tokens it emits in the same step), and before finished requests free them.
+        # rows of tokens it emits in the same step), and before finished requests free them;
+        # the drafter writes this step's rows into its rings first (the snapshots hold them).
+        if self.spec is not None:
+            t = self.clock()
+            self.spec.observe()
+            self.compute_seconds += self.clock() - t
         if self.prefix is not None:
             self.prefix.after_step([s.request for s in scheduled])
         for req, reason in stops:

@@ -100,8 +100,11 @@ class PrefixCache:
         num_layers: int,
         store: Store | None = None,
         clock: Callable[[], float] = time.monotonic,
+        drafter: str = "",
     ) -> None:
         self.pool = pool
+        # The speculative drafter whose window rings the snapshots hold ("": none; ring_key).
+        self.drafter = drafter
         self.blocks = blocks
         self.config = config
         self.block_size = pool.cache.block_size
@@ -140,7 +143,7 @@ class PrefixCache:
         i = 0
         while i < usable and self._local(req.block_keys[i]):
             i += 1
-        if i < usable or (usable and ring_key(req.block_keys[usable - 1]) not in self.rings):
+        if i < usable or (usable and self._ring_key(req.block_keys[usable - 1]) not in self.rings):
             req.fetch = self._reader.submit(self._fetch, req.block_keys[:usable], i)
 
     def _usable(self, req: Request) -> int:
@@ -163,7 +166,7 @@ class PrefixCache:
             got[key] = rec
         depth = first + len(got)
         if depth:
-            rk = ring_key(keys[depth - 1])
+            rk = self._ring_key(keys[depth - 1])
             if rk not in self.rings:
                 (rec,) = self.store.get_many([rk])
                 if rec is not None:
@@ -202,6 +205,9 @@ class PrefixCache:
                 break
             n += 1
         return n * self.block_size
+
+    def _ring_key(self, block_key: bytes) -> bytes:
+        return ring_key(block_key, self.drafter)
 
     # ---- admission -----------------------------------------------------------------------------
 
@@ -249,7 +255,7 @@ class PrefixCache:
         if not hit:
             return
         self.stats["hit_tokens"] += hit
-        rk = ring_key(req.block_keys[len(taken) - 1])
+        rk = self._ring_key(req.block_keys[len(taken) - 1])
         ring = self.rings.get(rk) or fetched.get(rk)
         if ring is not None:
             try:
@@ -264,6 +270,11 @@ class PrefixCache:
         if ring is not None and hit <= lo:
             self.stats["ring_hits"] += 1
             req.num_cached = hit
+            if self.drafter:
+                # The snapshot holds the drafter's window before the hit as its writer had it:
+                # complete (that writer's own hit restored the same, or its replay or prompt
+                # fed every row), so the drafter's context is whole from the start.
+                req.draft_from = 0
             return
         self.stats["ring_misses"] += 1
         # Without a ring, or (V4.1) when the decoder's rows start before the hit: the encoder
@@ -319,7 +330,7 @@ class PrefixCache:
             at = req.num_cached
             if at % bs or at <= req.cache_hit or req.slot is None:
                 continue
-            key = ring_key(req.block_keys[at // bs - 1])
+            key = self._ring_key(req.block_keys[at // bs - 1])
             if at == req.snapshot_at:
                 self.copies.ring(req.slot, partial(self._keep_ring, key))
             elif at > len(req.prompt_ids):

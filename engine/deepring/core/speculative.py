@@ -65,6 +65,7 @@ class _Pending:
     spans: list[int]  # per scheduled: its span index (-1: not speculating)
     offsets: list[int]  # per scheduled: its first row in the batch
     starts: list[int]  # per scheduled: num_cached before the step
+    fed: list | None = None  # what the drafter read of the step (`observe`), once it has
 
 
 class SpecRunner:
@@ -299,19 +300,29 @@ class SpecRunner:
         p.rollback.restore(accepted, p.batch.capture)
         p.batch.capture = None
 
-    def after(self) -> None:
-        """The drafter reads the step (its accepted rows) and proposes the next drafts of
-        every request still decoding. Call once the emitted tokens are appended."""
-        p, self._pending = self._pending, None
-        if p is None:
+    def observe(self) -> None:
+        """The drafter reads the step's accepted rows into its context. Call once the emitted
+        tokens are appended and before the prefix cache snapshots the rings (core.prefix):
+        the drafter's window rings are in the snapshot, which must hold this step's rows."""
+        p = self._pending
+        if p is None or p.fed is not None:
             return
-        fed = []
+        p.fed = []
         for s, off, start in zip(p.scheduled, p.offsets, p.starts, strict=True):
             r = s.request
             if r.finished or r.slot is None:
                 continue
-            fed.append((r, start, r.num_cached - start, off))
-        self.drafter.observe(p.out, fed)
+            p.fed.append((r, start, r.num_cached - start, off))
+        self.drafter.observe(p.out, p.fed)
+
+    def after(self) -> None:
+        """The drafter proposes the next drafts of every request still decoding (reading the
+        step first if `observe` was not called). Call once finished requests are finished."""
+        self.observe()
+        p, self._pending = self._pending, None
+        if p is None:
+            return
+        fed = [f for f in p.fed if not f[0].finished and f[0].slot is not None]
         decoding = [r for r, *_ in fed if r.pending == 1]
         for r, _start, _n, _off in fed:
             if r.pending != 1:
