@@ -72,7 +72,8 @@ class ExpertParallel:
 
     def step_together(self, has_work: bool) -> bool:
         """Collective: whether any rank of the group has work this step."""
-        flag = torch.tensor([1 if has_work else 0], dtype=torch.int64)
+        dev = self.layers[0].comm_device if self.layers else torch.device("cpu")
+        flag = torch.tensor([1 if has_work else 0], dtype=torch.int64, device=dev)
         dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.group)
         return bool(flag.item())
 
@@ -88,8 +89,10 @@ class ExpertParallel:
     def rebalance(self) -> list[Placement]:
         """Collective, between steps: sum the routers' counters over the group, compute each
         layer's balanced placement (the same on every rank) and move the experts to it."""
-        counts = self.counters.take_window()
+        dev = self.layers[0].comm_device if self.layers else torch.device("cpu")
+        counts = self.counters.take_window().to(dev)
         dist.all_reduce(counts, group=self.group)
+        counts = counts.cpu()
         out = []
         for ep, layer, load in zip(self.layers, self.model.model.layers, counts, strict=True):
             new = balanced_placement(load.tolist(), self.size, ep.placement.n_redundant)

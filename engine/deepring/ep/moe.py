@@ -53,6 +53,12 @@ class ExpertParallelMoE:
         if placement.n_ranks != self.size:
             raise ValueError(f"placement for {placement.n_ranks} ranks, group has {self.size}")
         self.counters = counters
+        backend = dist.get_backend(group)
+        self.comm_device = (
+            torch.device("cuda", torch.cuda.current_device())
+            if backend == "nccl"
+            else torch.device("cpu")
+        )
         self.on_load = on_load  # (layer, tokens per rank) after every dispatch
         self._set_placement(placement)
 
@@ -106,9 +112,10 @@ class ExpertParallelMoE:
         per_rank = self.placement.slots_per_rank
         order = torch.argsort(phys // per_rank, stable=True)
         send = torch.bincount(phys // per_rank, minlength=self.size)
-        matrix = [torch.empty_like(send) for _ in range(self.size)]
-        dist.all_gather(matrix, send, group=self.group)
-        load = torch.stack(matrix)  # [src, dst] picks
+        # NCCL only moves device tensors; gloo takes CPU ones (the counts live on the CPU).
+        matrix = [torch.empty_like(send, device=self.comm_device) for _ in range(self.size)]
+        dist.all_gather(matrix, send.to(self.comm_device), group=self.group)
+        load = torch.stack(matrix).cpu()  # [src, dst] picks
         send_splits = send.tolist()
         recv_splits = load[:, self.rank].tolist()
         if self.on_load is not None:
