@@ -41,6 +41,8 @@ class ExpertParallel:
         self.rank = dist.get_rank(group)
         self.size = dist.get_world_size(group)
         layers = model.model.layers
+        if not all(hasattr(getattr(layer, "mlp", None), "ep") for layer in layers):
+            raise ValueError("expert parallel runs DeepSeek V4 models (model.moe.MoE layers) only")
         n_experts = config.n_routed_experts
         if placements is None:
             placements = [static_placement(n_experts, self.size, n_redundant)] * len(layers)
