@@ -202,13 +202,15 @@ def test_partial_mtp_is_an_error_absent_mtp_disables_it(saved, tmp_path):
     assert loaded.config.num_nextn_predict_layers == 0
 
 
-def test_quantised_checkpoints_are_rejected(saved, tmp_path):
+def test_a_scale_beside_an_unquantised_weight_is_an_error(saved, tmp_path):
+    """(Quantised checkpoints proper: test_quant_checkpoint.)"""
+
     def edit(t):
         t["model.layers.0.self_attn.q_a_proj.scale"] = torch.ones(1, 1, dtype=torch.bfloat16)
         return t
 
     _rewrite(saved[0], tmp_path, edit)
-    with pytest.raises(ValueError, match="FP8/FP4"):
+    with pytest.raises(ValueError, match=r"scales without a quantised .* weight"):
         load_model(tmp_path, progress=False)
 
 

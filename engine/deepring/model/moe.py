@@ -66,6 +66,9 @@ class MoE(nn.Module):
         self.experts = Experts(config)
         self.shared_experts = SharedMLP(config)
         self._packed = MoEPacked()
+        # Expert parallel (deepring.ep.moe.ExpertParallelMoE): `experts` then holds this rank's
+        # slots only, and the layer's tokens go to the ranks holding their experts and back.
+        self.ep = None
 
     def weights(self) -> MoEWeights:
         g, ex, sh = self.gate, self.experts, self.shared_experts
@@ -85,4 +88,6 @@ class MoE(nn.Module):
         )
 
     def forward(self, x: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
+        if self.ep is not None:
+            return self.ep(x, input_ids, self.weights(), self.shared_experts)
         return moe_layer(x, input_ids, self.weights(), self._packed, self.shared_experts)

@@ -4,11 +4,13 @@ Checkpoints written by transformers (`DeepseekV4ForCausalLM.save_pretrained`, wh
 writes the original tensor names under a `model.` prefix) and checkpoints in transformers'
 in-memory naming load as they are. The original DeepSeek layout (`layers.N.attn.wq_a.weight`,
 `embed.weight`, per-expert `experts.E.w1/w2/w3`) is renamed the way transformers' conversion
-mapping does, for unquantised tensors; FP8/FP4 checkpoints (tensors with `.scale`
-companions) are rejected with a clear error. Every parameter and persistent buffer must be
-present exactly once with the right shape; a missing or misshapen tensor is an error naming
-it. MTP tensors (`mtp.N.*`) are optional as a group: transformers' save_pretrained drops them,
-so a checkpoint without any loads with MTP disabled, but a partial set is an error.
+mapping does. Quantised tensors (FP8 block-scaled dense weights, MXFP4 experts, with `.scale`
+companions: model.quant) are dequantised to fp32 as they load, then cast like the rest.
+Shards are memory-mapped (safetensors' safe_open) and read one tensor at a time. Every
+parameter and persistent buffer must be present exactly once with the right shape; a missing or
+misshapen tensor is an error naming it. MTP tensors (`mtp.N.*`) are optional as a group:
+transformers' save_pretrained drops them, so a checkpoint without any loads with MTP disabled,
+but a partial set is an error.
 """
 
 from __future__ import annotations
@@ -24,6 +26,8 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 from torch import nn
+
+from deepring.model.quant import FP8_BLOCK, QuantPairs, is_quantised, is_scale
 
 # Module paths whose tensors stay fp32 whatever the compute dtype (as transformers keeps them).
 _FP32_PARTS = ("attn_hc", "ffn_hc", "hc_head")
@@ -67,6 +71,8 @@ _RENAMES = [
     (r"\.shared_experts\.w2\.", ".shared_experts.down_proj."),
     (r"\.shared_experts\.w3\.", ".shared_experts.up_proj."),
 ]
+# Byte-typed weights are packed FP4 (no parameter is stored as bytes); they wait for a scale.
+_BYTES = (torch.uint8, torch.int8)
 _ORIGINAL_LAYER = re.compile(r"^layers\.\d+\.")
 _EXPERT = re.compile(r"^(.*\.experts)\.(\d+)\.(w[123])\.weight$")
 
@@ -131,6 +137,20 @@ def _iter_tensors(files: list[Path], progress: bool) -> Iterator[tuple[str, torc
             )
 
 
+def _fp8_block(path: Path) -> int:
+    """The FP8 block edge of the checkpoint's quantization_config (128 for V4)."""
+    if not (path / "config.json").is_file():
+        return FP8_BLOCK
+    config = json.loads((path / "config.json").read_text(encoding="utf-8"))
+    q = config.get("quantization_config") or config.get("text_config", {}).get(
+        "quantization_config"
+    )
+    size = (q or {}).get("weight_block_size", [FP8_BLOCK, FP8_BLOCK])
+    if len(size) != 2 or size[0] != size[1] or int(size[0]) < 1:
+        raise ValueError(f"quantization_config.weight_block_size must be [b, b], got {size}")
+    return int(size[0])
+
+
 def load_checkpoint(model: nn.Module, path: str | Path, progress: bool = True) -> bool:
     """Fill `model` from the safetensors checkpoint at `path`.
 
@@ -142,12 +162,18 @@ def load_checkpoint(model: nn.Module, path: str | Path, progress: bool = True) -
     seen: set[str] = set()
     experts: dict[str, dict[int, dict[str, torch.Tensor]]] = {}
     unexpected: list[str] = []
+    pairs = QuantPairs(_fp8_block(path))
     for key, tensor in _iter_tensors(checkpoint_files(path), progress):
-        if key.endswith((".scale", ".scale_inv")) and tensor.dtype != torch.float32:
-            raise ValueError(
-                f"quantised checkpoint tensor {key!r}: FP8/FP4 checkpoints are not supported yet; "
-                "load a bf16/fp32 export"
-            )
+        if is_scale(key, tensor):
+            done = pairs.add_scale(key, tensor)
+            if done is None:
+                continue
+            key, tensor = done
+        elif key.endswith(".weight") and (is_quantised(tensor) or tensor.dtype in _BYTES):
+            dequantised = pairs.add_weight(key, tensor)
+            if dequantised is None:
+                continue
+            tensor = dequantised
         name = canonical_name(key)
         m = _EXPERT.match(name)
         if m:  # per-expert original layout: stacked into gate_up_proj / down_proj below
@@ -157,6 +183,7 @@ def load_checkpoint(model: nn.Module, path: str | Path, progress: bool = True) -
             unexpected.append(key)
             continue
         _assign(targets[name], tensor, name, seen)
+    pairs.finish()
     for prefix, per_expert in experts.items():
         n = len(per_expert)
         missing = [e for e in range(n) if set(per_expert.get(e, {})) != {"w1", "w2", "w3"}]

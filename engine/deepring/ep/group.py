@@ -1,0 +1,115 @@
+"""A model's expert-parallel state on one rank of a group: shards the routed experts of every
+backbone MoE layer (ep.moe), keeps the load counters and the per-step load-balance record,
+runs a rank's idle steps and the group's rebalancing.
+
+Attention is data parallel: each rank runs its own requests with its own caches, and only the
+MoE layers talk to the other ranks. Every rank must therefore run the same number of forward
+passes: the group decides together whether to step (`step_together`), and a rank without
+work joins with `idle_forward`, which enters every layer's collectives with no rows.
+
+MTP / DSpark layers keep all their experts on every rank (a draft pass runs on one rank only,
+so it cannot take part in collectives); speculative decoding under EP is not supported yet.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from deepring.ep.moe import ExpertParallelMoE
+from deepring.ep.placement import (
+    ExpertLoad,
+    Placement,
+    balance_factor,
+    balanced_placement,
+    static_placement,
+)
+
+
+class ExpertParallel:
+    def __init__(
+        self,
+        model: nn.Module,
+        group: dist.ProcessGroup | None = None,
+        n_redundant: int = 0,
+        placements: list[Placement] | None = None,
+    ) -> None:
+        config = model.config
+        self.model = model
+        self.group = group
+        self.rank = dist.get_rank(group)
+        self.size = dist.get_world_size(group)
+        layers = model.model.layers
+        if not all(hasattr(getattr(layer, "mlp", None), "ep") for layer in layers):
+            raise ValueError("expert parallel runs DeepSeek V4 models (model.moe.MoE layers) only")
+        n_experts = config.n_routed_experts
+        if placements is None:
+            placements = [static_placement(n_experts, self.size, n_redundant)] * len(layers)
+        if len(placements) != len(layers):
+            raise ValueError(f"{len(placements)} placements for {len(layers)} MoE layers")
+        self.counters = ExpertLoad(len(layers), n_experts)
+        self.step_loads: list[list[int]] = []  # tokens per rank, one entry per layer per step
+        self.layers: list[ExpertParallelMoE] = []
+        for i, (layer, p) in enumerate(zip(layers, placements, strict=True)):
+            ep = ExpertParallelMoE(i, p, group, self.counters, self._record)
+            ex = layer.mlp.experts
+            gate_up, down = ep.shard(ex.gate_up_proj.data, ex.down_proj.data)
+            ex.gate_up_proj = nn.Parameter(gate_up, requires_grad=False)
+            ex.down_proj = nn.Parameter(down, requires_grad=False)
+            layer.mlp.ep = ep
+            self.layers.append(ep)
+
+    def _record(self, layer: int, rank_tokens: list[int]) -> None:
+        self.step_loads.append(rank_tokens)
+
+    @property
+    def placements(self) -> list[Placement]:
+        return [ep.placement for ep in self.layers]
+
+    def balance_factor(self) -> float:
+        """Mean over the recorded (step, layer) pairs of max / mean tokens per rank."""
+        pairs = [balance_factor([float(x) for x in row]) for row in self.step_loads if sum(row)]
+        return sum(pairs) / len(pairs) if pairs else 1.0
+
+    def step_together(self, has_work: bool) -> bool:
+        """Collective: whether any rank of the group has work this step."""
+        dev = self.layers[0].comm_device if self.layers else torch.device("cpu")
+        flag = torch.tensor([1 if has_work else 0], dtype=torch.int64, device=dev)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.group)
+        return bool(flag.item())
+
+    @torch.inference_mode()
+    def idle_forward(self) -> None:
+        """A step with no rows on this rank: join every MoE layer's collectives."""
+        d = self.model.config.hidden_size
+        x = torch.empty(0, d, dtype=self.model.dtype, device=self.model.device)
+        ids = torch.empty(0, dtype=torch.long, device=self.model.device)
+        for layer in self.model.model.layers:
+            layer.mlp(x, ids)
+
+    def rebalance(self) -> list[Placement]:
+        """Collective, between steps: sum the routers' counters over the group, compute each
+        layer's balanced placement (the same on every rank) and move the experts to it."""
+        dev = self.layers[0].comm_device if self.layers else torch.device("cpu")
+        counts = self.counters.take_window().to(dev)
+        dist.all_reduce(counts, group=self.group)
+        counts = counts.cpu()
+        out = []
+        for ep, layer, load in zip(self.layers, self.model.model.layers, counts, strict=True):
+            new = balanced_placement(load.tolist(), self.size, ep.placement.n_redundant)
+            if new != ep.placement:
+                ex = layer.mlp.experts
+                gate_up, down = ep.rearrange(new, ex.gate_up_proj.data, ex.down_proj.data)
+                ex.gate_up_proj = nn.Parameter(gate_up, requires_grad=False)
+                ex.down_proj = nn.Parameter(down, requires_grad=False)
+            out.append(new)
+        return out
+
+    def expert_bytes(self) -> int:
+        """Bytes of routed-expert weights this rank holds."""
+        return sum(
+            t.numel() * t.element_size()
+            for layer in self.model.model.layers
+            for t in (layer.mlp.experts.gate_up_proj, layer.mlp.experts.down_proj)
+        )

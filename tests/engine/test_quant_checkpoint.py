@@ -1,0 +1,180 @@
+"""Quantised checkpoints: a tiny model quantised here exactly as DeepSeek's official layout
+(FP8 e4m3 dense weights with 128x128 UE8M0 block scales, MXFP4 routed experts: E2M1 pairs per
+byte with a UE8M0 scale per 32 inputs) loads into the same model as its dequantised reference,
+within the formats' error of the original weights; malformed scales and shapes are errors."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from deepring.model.loader import load_model
+from safetensors.torch import save_file
+from v4_helpers import model_config, ours, prefill_logits
+
+E4M3_MAX = 448.0
+E2M1_MAGNITUDES = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0])
+
+
+def _pow2_exponent(amax: torch.Tensor, top: float) -> torch.Tensor:
+    """The smallest power-of-two exponent e with amax / 2^e <= top (0 for all-zero blocks)."""
+    e = torch.ceil(torch.log2(amax.clamp(min=1e-30) / top))
+    return torch.where(amax > 0, e, torch.zeros_like(e)).clamp(-127, 127)
+
+
+def quantize_fp8(w: torch.Tensor, block: int = 128):
+    """-> (fp8 weight, e8m0 scale grid, dequantised fp32 reference)."""
+    out, inp = w.shape
+    go, gi = -(-out // block), -(-inp // block)
+    padded = torch.zeros(go * block, gi * block)
+    padded[:out, :inp] = w
+    amax = padded.view(go, block, gi, block).abs().amax(dim=(1, 3))
+    e = _pow2_exponent(amax, E4M3_MAX)
+    full = torch.exp2(e).repeat_interleave(block, 0)[:out].repeat_interleave(block, 1)[:, :inp]
+    q = (w / full).to(torch.float8_e4m3fn)
+    scale = (e + 127).to(torch.uint8).view(torch.float8_e8m0fnu)
+    return q, scale, q.float() * full
+
+
+def quantize_mxfp4(w: torch.Tensor, group: int = 32):
+    """-> (packed uint8 [out, in/2], e8m0 scales [out, in/group], dequantised reference)."""
+    out, inp = w.shape
+    amax = w.view(out, inp // group, group).abs().amax(-1)
+    e = _pow2_exponent(amax, 6.0)
+    full = torch.exp2(e).repeat_interleave(group, 1)
+    v = w / full
+    mag = (v.abs().unsqueeze(-1) - E2M1_MAGNITUDES).abs().argmin(-1)
+    codes = mag + 8 * (v < 0).long()
+    packed = (codes[:, 0::2] | (codes[:, 1::2] << 4)).to(torch.uint8)
+    ref = torch.where(v < 0, -1.0, 1.0) * E2M1_MAGNITUDES[mag] * full
+    scale = (e + 127).to(torch.uint8).view(torch.float8_e8m0fnu)
+    return packed, scale, ref
+
+
+def _quantised_checkpoint(model, path):
+    """Write `model` in the official layout; return the state dict it dequantises to."""
+    tensors, reference = {}, {}
+    for name, t in model.state_dict().items():
+        if name.endswith("inv_freq"):
+            continue
+        t = t.detach().contiguous()
+        t = t.float() if t.is_floating_point() else t
+        if name.endswith("experts.gate_up_proj") or name.endswith("experts.down_proj"):
+            reference[name] = torch.empty_like(t)
+            prefix = name.rsplit(".", 1)[0]
+            for e in range(t.shape[0]):
+                if name.endswith("gate_up_proj"):
+                    inter = t.shape[1] // 2
+                    parts = {"w1": t[e, :inter], "w3": t[e, inter:]}
+                else:
+                    parts = {"w2": t[e]}
+                deq = {}
+                for leaf, w in parts.items():
+                    packed, scale, deq[leaf] = quantize_mxfp4(w)
+                    tensors[f"{prefix}.{e}.{leaf}.weight"] = packed
+                    tensors[f"{prefix}.{e}.{leaf}.scale"] = scale
+                reference[name][e] = torch.cat([deq["w1"], deq["w3"]]) if "w1" in deq else deq["w2"]
+        elif (
+            name.endswith(".weight")
+            and t.dim() == 2
+            and "embed" not in name
+            and "compressor" not in name  # BF16 in the official checkpoint
+        ):
+            q, scale, reference[name] = quantize_fp8(t)
+            tensors[name] = q
+            tensors[name.removesuffix(".weight") + ".scale"] = scale
+        else:
+            tensors[name] = reference[name] = t
+    path.mkdir(parents=True, exist_ok=True)
+    save_file(tensors, str(path / "model.safetensors"))
+    d = model.config.to_hf_dict()
+    d["quantization_config"] = {"quant_method": "fp8", "weight_block_size": [128, 128]}
+    (path / "config.json").write_text(json.dumps(d), encoding="utf-8")
+    return tensors, reference
+
+
+@pytest.fixture(scope="module")
+def quantised(tmp_path_factory):
+    model = ours(model_config("swa-csa-hca"), seed=5)
+    path = tmp_path_factory.mktemp("fp8-fp4")
+    tensors, reference = _quantised_checkpoint(model, path)
+    return model, path, tensors, reference
+
+
+def test_quantised_checkpoint_loads_as_its_dequantised_reference(quantised):
+    original, path, _, reference = quantised
+    loaded = load_model(path, dtype="float32", progress=False).model
+    state = loaded.state_dict()
+    for name, want in reference.items():
+        assert torch.equal(state[name], want), name
+    # Within the formats' error of the unquantised weights: FP8 e4m3 rounds to 3 mantissa bits
+    # (relative 2^-4, subnormals 2^-10 of the block scale); E2M1 to at most a quarter of the
+    # larger of the value and its group's scale.
+    orig = original.state_dict()
+    gate_up = "model.layers.1.mlp.experts.gate_up_proj"
+    err = (state[gate_up] - orig[gate_up]).abs()
+    assert bool((err <= 0.25 * orig[gate_up].abs() + 0.25 * orig[gate_up].abs().amax()).all())
+    assert err.max() > 0  # FP4 did round
+    q_a = "model.layers.0.self_attn.q_a_proj.weight"
+    err = (state[q_a] - orig[q_a]).abs()
+    assert bool((err <= 2**-4 * orig[q_a].abs() + 2**-10 * orig[q_a].abs().max()).all())
+    # The same logits as a model holding the dequantised weights directly.
+    twin = ours(model_config("swa-csa-hca"), seed=5)
+    twin.load_state_dict(reference, strict=False)
+    ids = list(range(3, 40, 2))
+    torch.testing.assert_close(prefill_logits(loaded, ids), prefill_logits(twin, ids))
+
+
+def _rewrite(quantised, tmp_path, edit):
+    _, path, tensors, _ = quantised
+    tensors = dict(tensors)
+    edit(tensors)
+    save_file(tensors, str(tmp_path / "model.safetensors"))
+    (tmp_path / "config.json").write_text((path / "config.json").read_text())
+    return tmp_path
+
+
+FP8_NAME = "model.layers.0.self_attn.q_a_proj"
+FP4_NAME = "model.layers.1.mlp.experts.3.w2"
+
+
+def _nan_scale(t):
+    s = t[FP8_NAME + ".scale"].view(torch.uint8).clone()
+    s[0, 0] = 255
+    t[FP8_NAME + ".scale"] = s.view(torch.float8_e8m0fnu)
+
+
+MALFORMED = {
+    "fp8 scale grid": (
+        lambda t: t.update({FP8_NAME + ".scale": torch.ones(2, 1).to(torch.float8_e8m0fnu)}),
+        r"block scale grid of shape \(1, 1\)",
+    ),
+    "fp8 nan scale": (_nan_scale, "NaN code"),
+    "fp8 without scale": (lambda t: t.pop(FP8_NAME + ".scale"), "without a scale"),
+    "scale without weight": (lambda t: t.pop(FP8_NAME + ".weight"), "scales without a quantised"),
+    "fp8 scale dtype": (
+        lambda t: t.update({FP8_NAME + ".scale": torch.ones(1, 1, dtype=torch.float16)}),
+        "expected UE8M0",
+    ),
+    "fp8 weight shape": (
+        lambda t: t.update({FP8_NAME + ".weight": t[FP8_NAME + ".weight"][:, :-1].contiguous()}),
+        "has shape",
+    ),
+    "mxfp4 scale shape": (
+        lambda t: t.update({FP4_NAME + ".scale": t[FP4_NAME + ".scale"][:, :-1].contiguous()}),
+        "one per 32 inputs",
+    ),
+    "mxfp4 weight shape": (
+        lambda t: t.update({FP4_NAME + ".weight": t[FP4_NAME + ".weight"][:-1].contiguous()}),
+        "need a scale of shape",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(MALFORMED))
+def test_malformed_quantised_checkpoints_are_clear_errors(quantised, tmp_path, case):
+    edit, match = MALFORMED[case]
+    path = _rewrite(quantised, tmp_path, edit)
+    with pytest.raises(ValueError, match=match):
+        load_model(path, dtype="float32", progress=False)
