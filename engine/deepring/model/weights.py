@@ -151,17 +151,10 @@ def _fp8_block(path: Path) -> int:
     return int(size[0])
 
 
-def load_checkpoint(model: nn.Module, path: str | Path, progress: bool = True) -> bool:
-    """Fill `model` from the safetensors checkpoint at `path`.
-
-    Returns whether MTP weights were present (the caller drops the MTP layers otherwise).
-    """
-    path = Path(path)
-    targets = dict(model.named_parameters())
-    targets.update({n: b for n, b in model.named_buffers() if not n.endswith("inv_freq")})
-    seen: set[str] = set()
-    experts: dict[str, dict[int, dict[str, torch.Tensor]]] = {}
-    unexpected: list[str] = []
+def checkpoint_tensors(path: Path, progress: bool) -> Iterator[tuple[str, torch.Tensor]]:
+    """(name, tensor) of every tensor in the checkpoint's shards, quantised weights dequantised
+    to fp32 and their scales consumed (model.quant: a weight and its scale pair up whatever
+    their order; an unpaired one is an error at the end)."""
     pairs = QuantPairs(_fp8_block(path))
     for key, tensor in _iter_tensors(checkpoint_files(path), progress):
         if is_scale(key, tensor):
@@ -174,6 +167,22 @@ def load_checkpoint(model: nn.Module, path: str | Path, progress: bool = True) -
             if dequantised is None:
                 continue
             tensor = dequantised
+        yield key, tensor
+    pairs.finish()
+
+
+def load_checkpoint(model: nn.Module, path: str | Path, progress: bool = True) -> bool:
+    """Fill `model` from the safetensors checkpoint at `path`.
+
+    Returns whether MTP weights were present (the caller drops the MTP layers otherwise).
+    """
+    path = Path(path)
+    targets = dict(model.named_parameters())
+    targets.update({n: b for n, b in model.named_buffers() if not n.endswith("inv_freq")})
+    seen: set[str] = set()
+    experts: dict[str, dict[int, dict[str, torch.Tensor]]] = {}
+    unexpected: list[str] = []
+    for key, tensor in checkpoint_tensors(path, progress):
         name = canonical_name(key)
         m = _EXPERT.match(name)
         if m:  # per-expert original layout: stacked into gate_up_proj / down_proj below
@@ -183,7 +192,6 @@ def load_checkpoint(model: nn.Module, path: str | Path, progress: bool = True) -
             unexpected.append(key)
             continue
         _assign(targets[name], tensor, name, seen)
-    pairs.finish()
     for prefix, per_expert in experts.items():
         n = len(per_expert)
         missing = [e for e in range(n) if set(per_expert.get(e, {})) != {"w1", "w2", "w3"}]

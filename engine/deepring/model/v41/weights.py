@@ -5,8 +5,10 @@ The module tree mirrors the checkpoint (`layers.N.attn.compressor.wkv.weight`,
 `layers.N.ffn.experts.E.w1.weight`, `layers.N.hc_attn_fn`, `layers.N.engram.embed.weight`,
 `mtp.N.markov_head.embed.weight`, ...), so loading is name for name: every tensor the config
 implies must be present once with its shape, and every tensor present must be one the config
-implies; the error names the tensor. FP8 / FP4 tensors (with `.scale` companions) are refused:
-only bf16 / fp32 exports load. DSpark tensors (`mtp.*`) are optional as a group.
+implies; the error names the tensor. FP8 dense weights (UE8M0 block scales, 32x32 in V4.1
+Flash: quantization_config.weight_block_size) and MXFP4 experts are dequantised to fp32 as they
+load (model.weights.checkpoint_tensors, model.quant). DSpark tensors (`mtp.*`) are optional as
+a group.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from deepring.model.weights import _assign, _iter_tensors, checkpoint_files, save_checkpoint
+from deepring.model.weights import _assign, checkpoint_tensors, save_checkpoint
 
 # Tensors kept in fp32 whatever the compute dtype (HC mixes, sinks, routing biases, norms).
 _FP32_LEAVES = ("attn_sink", "bias", "bias_vl")
@@ -43,12 +45,7 @@ def load_v41_checkpoint(model: nn.Module, path: str | Path, progress: bool = Tru
     targets = dict(model.named_parameters())
     seen: set[str] = set()
     unexpected: list[str] = []
-    for key, tensor in _iter_tensors(checkpoint_files(path), progress):
-        if key.endswith((".scale", ".scale_inv")) and tensor.dtype != torch.float32:
-            raise ValueError(
-                f"quantised checkpoint tensor {key!r}: FP8/FP4 checkpoints are not supported "
-                "yet; load a bf16/fp32 export"
-            )
+    for key, tensor in checkpoint_tensors(path, progress):
         name = key.removeprefix("model.")
         if name not in targets:
             unexpected.append(key)
