@@ -199,23 +199,23 @@ def test_settling_allows_for_the_bf16_rounding_of_the_output(settle, vocab, monk
     assert not calls
 
 
-@pytest.mark.parametrize(("value", "want"), [("fp32", None), ("bf16", "bf16"), ("BF16", "bf16")])
+@pytest.mark.parametrize(("value", "want"), [("fp32", "fp32"), ("bf16", "bf16"), ("BF16", "bf16")])
 def test_the_environment_chooses_the_head(monkeypatch, value, want):
     monkeypatch.setenv("DEEPRING_GREEDY_HEAD", value)
-    assert greedy_head.head_kind() == want
+    assert greedy_head.head_setting() == want
 
 
 def test_a_bad_or_unavailable_head_choice_is_an_error(monkeypatch):
     monkeypatch.setenv("DEEPRING_GREEDY_HEAD", "fp8")
     with pytest.raises(ValueError, match="DEEPRING_GREEDY_HEAD must be one of"):
-        greedy_head.head_kind()
+        greedy_head.head_setting()
     monkeypatch.setenv("DEEPRING_GREEDY_HEAD", "int8")
     monkeypatch.setattr(greedy_head, "cpu_int8_is_fast", lambda: False)
     with pytest.raises(ValueError, match="VNNI or AMX"):
-        greedy_head.head_kind()
+        greedy_head.head_setting()
     monkeypatch.setenv("DEEPRING_GREEDY_HEAD", "auto")
-    monkeypatch.setattr(greedy_head, "cpu_bf16_is_fast", lambda: False)
-    assert greedy_head.head_kind() is None
+    assert greedy_head.head_setting() == "auto"
+    assert greedy_head.auto_candidates() == ("fp32", "bf16")  # no int8 without VNNI / AMX
 
 
 def test_an_unknown_kind_is_rejected():
@@ -231,12 +231,13 @@ def test_model_greedy_tokens_agree_with_and_without_the_fast_head(monkeypatch, r
     net = load_model(tiny_config(), load_format="dummy", progress=False).model
     h = torch.randn(rows, net.config.hc_mult, net.config.hidden_size, generator=_gen(6))
     with torch.inference_mode():
-        monkeypatch.setattr(greedy_head, "head_kind", lambda: kind)
+        monkeypatch.setattr(greedy_head, "head_setting", lambda: kind)
         fast = net.greedy_tokens(h)
-        assert net._greedy.head is not None
-        assert net._greedy.head.kind == kind
-        monkeypatch.setattr(greedy_head, "head_kind", lambda: None)
+        assert net._greedy._used is not None
+        assert net._greedy._used.kind == kind
+        monkeypatch.setattr(greedy_head, "head_setting", lambda: "fp32")
         plain = net.greedy_tokens(h)
+        assert net._greedy._used is None
         want = net.logits(h).argmax(-1)
     assert torch.equal(plain, want)
     assert torch.equal(fast, want)

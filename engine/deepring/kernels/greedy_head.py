@@ -33,6 +33,8 @@ import torch.nn.functional as F
 
 from deepring import env
 from deepring.kernels.greedy import quantize_rows, settle
+from deepring.kernels.greedy_choice import HeadChoice, measure
+from deepring.kernels.greedy_choice_cache import cached_choice
 
 # The bound is itself computed in fp32; a margin far above those roundings keeps it an upper bound.
 _MARGIN = 1 + 2.0**-8
@@ -43,13 +45,6 @@ _LOWEST_BF16 = float(torch.finfo(torch.bfloat16).min)
 
 def _cpu_has(*names: str) -> bool:
     return any(bool(getattr(torch.cpu, name, lambda: False)()) for name in names)
-
-
-@functools.cache
-def cpu_bf16_is_fast() -> bool:
-    """Whether this CPU multiplies bf16 natively (AVX512-BF16 or AMX). Elsewhere oneDNN
-    emulates bf16 through fp32 and the bf16 head would only add work."""
-    return _cpu_has("_is_avx512_bf16_supported", "_is_amx_tile_supported")
 
 
 @functools.cache
@@ -64,25 +59,21 @@ def cpu_int8_is_fast() -> bool:
     return has_op and _cpu_has("_is_vnni_supported", "_is_amx_tile_supported")
 
 
-def head_kind() -> str | None:
-    """The greedy head to run: 'int8', 'bf16', or None (plain fp32). DEEPRING_GREEDY_HEAD
-    chooses; `auto` takes bf16 where the CPU multiplies it natively, else int8 where it has int8
-    dot products, else fp32. bf16 first because having native int8 GEMMs is not being fast
-    with them: on an AMD EPYC with AVX512-VNNI and AVX512-BF16, oneDNN's int8 linear took
-    ~180 ms per call for the tiny model's 129k vocabulary (cProfile; over a second per call
-    with the other core busy), and 32 greedy tokens of one request took 5.9 s with it against
-    0.2 s with the bf16 head (ad-hoc timing), while where int8 was good (32 rows on an earlier
-    dev machine: 1.1-1.3 ms) bf16 was only ~1.5x slower (1.7-2.0 ms)."""
+def head_setting() -> str:
+    """DEEPRING_GREEDY_HEAD: 'auto' (the head measured fastest on the weight, per batch size:
+    kernels.greedy_choice), or a forced 'int8' / 'bf16' / 'fp32'. A forced int8 needs oneDNN's
+    int8 linear and VNNI or AMX (elsewhere it is an error, not a silent fallback)."""
     choice = env.greedy_head()
-    if choice == "fp32":
-        return None
     if choice == "int8" and not cpu_int8_is_fast():
         raise ValueError("DEEPRING_GREEDY_HEAD=int8 needs oneDNN's int8 linear and VNNI or AMX")
-    if choice != "auto":
-        return choice
-    if cpu_bf16_is_fast():
-        return "bf16"
-    return "int8" if cpu_int8_is_fast() else None
+    return choice
+
+
+def auto_candidates() -> tuple[str, ...]:
+    """The heads `auto` measures: fp32 and bf16 always (bf16 also pays where the CPU emulates
+    it: it halves the bytes read when few rows make the head read-bound), int8 where the CPU
+    has int8 dot products (VNNI or AMX; elsewhere oneDNN's int8 linear is far slower)."""
+    return ("fp32", "bf16", "int8") if cpu_int8_is_fast() else ("fp32", "bf16")
 
 
 def _row_norm(x: torch.Tensor) -> torch.Tensor:
@@ -231,30 +222,53 @@ GREEDY_FULL_ROWS = 16
 
 
 class GreedyArgmax:
-    """argmax_j (y @ w.T)[r, j] (first maximum) for an LM head weight w: the int8 or bf16 head
-    where it beats the fp32 GEMM (an fp32 weight on a CPU with native int8 or bf16 GEMMs), else
-    the fp32 logits, in vocabulary tiles with a running maximum beyond a few rows."""
+    """argmax_j (y @ w.T)[r, j] (first maximum) for an LM head weight w: on CPU with an fp32
+    weight, the head DEEPRING_GREEDY_HEAD names or (auto) the one measured fastest on this
+    weight for the step's row count (kernels.greedy_choice); elsewhere the fp32 logits, in
+    vocabulary tiles with a running maximum beyond a few rows."""
 
     def __init__(self) -> None:
-        self.head: GreedyHead | None = None
+        self.heads: dict[str, GreedyHead] = {}
+        self.choice: HeadChoice | None = None  # auto's measurement, once the weight is known
         self._used: GreedyHead | None = None  # the low-precision head of the last call, if any
 
-    def _low_precision(self, w: torch.Tensor) -> GreedyHead | None:
+    def _head(self, kind: str) -> GreedyHead:
+        if kind not in self.heads:
+            self.heads[kind] = GreedyHead(kind)
+        return self.heads[kind]
+
+    def _low_precision(self, w: torch.Tensor, rows: int) -> GreedyHead | None:
         if w.dtype != torch.float32 or w.device.type != "cpu":
             return None
-        kind = head_kind()
-        if kind is None:
-            return None
-        if self.head is None or self.head.kind != kind:
-            self.head = GreedyHead(kind)
-        return self.head
+        kind = head_setting()
+        if kind == "auto":
+            kind = self._measured(w).kind(rows)
+        return None if kind == "fp32" else self._head(kind)
+
+    def _measured(self, w: torch.Tensor) -> HeadChoice:
+        if self.choice is None:
+            kinds = auto_candidates()
+
+            def run() -> HeadChoice:
+                heads = {"fp32": lambda y: _fp32_argmax(y, w)}
+                for kind in kinds[1:]:
+                    head = self._head(kind)
+                    head.prepare(w)  # (its weight copy is built once, not timed)
+                    heads[kind] = lambda y, head=head: head.argmax(y, w)
+                return measure(heads, w.shape[1])
+
+            self.choice = cached_choice(tuple(w.shape), kinds, run)
+        return self.choice
 
     def prepare(self, w: torch.Tensor) -> None:
-        """Build the low-precision head's weight copy now (~0.1 s for a 129k vocabulary) rather
-        than in the first batched greedy step."""
-        head = self._low_precision(w)
-        if head is not None:
-            head.prepare(w)
+        """Measure (auto) and build the low-precision heads' weight copies now (~0.1 s each for
+        a 129k vocabulary) rather than in the first greedy steps."""
+        if w.dtype != torch.float32 or w.device.type != "cpu":
+            return
+        kind = head_setting()
+        kinds = set(self._measured(w).by_rows.values()) if kind == "auto" else {kind}
+        for k in kinds - {"fp32"}:
+            self._head(k).prepare(w)
 
     def masker(self, w: torch.Tensor) -> Callable[[list[int], torch.Tensor], list] | None:
         """For the last call: (rows, allowed bool [n, V]) -> each row's fp32 argmax among its
@@ -267,18 +281,22 @@ class GreedyArgmax:
         return lambda rows, allowed: head.masked_argmax(last, rows, allowed, w)
 
     def __call__(self, y: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-        head = self._low_precision(w) if y.shape[0] else None
+        head = self._low_precision(w, y.shape[0]) if y.shape[0] else None
         self._used = head
         if head is not None:
             return head.argmax(y, w)
-        if y.shape[0] <= GREEDY_FULL_ROWS:
-            # Few rows: one mat-vec over the whole vocabulary beats tiles (measured on CPU).
-            return F.linear(y, w).float().argmax(-1)
-        best_v = torch.full((y.shape[0],), float("-inf"), device=y.device)
-        best_i = torch.zeros(y.shape[0], dtype=torch.long, device=y.device)
-        for start in range(0, w.shape[0], GREEDY_TILE):
-            v, i = F.linear(y, w[start : start + GREEDY_TILE]).float().max(-1)
-            better = v > best_v  # strict: an earlier tile keeps ties (first maximum wins)
-            best_v = torch.where(better, v, best_v)
-            best_i = torch.where(better, i + start, best_i)
-        return best_i
+        return _fp32_argmax(y, w)
+
+
+def _fp32_argmax(y: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    if y.shape[0] <= GREEDY_FULL_ROWS:
+        # Few rows: one mat-vec over the whole vocabulary beats tiles (measured on CPU).
+        return F.linear(y, w).float().argmax(-1)
+    best_v = torch.full((y.shape[0],), float("-inf"), device=y.device)
+    best_i = torch.zeros(y.shape[0], dtype=torch.long, device=y.device)
+    for start in range(0, w.shape[0], GREEDY_TILE):
+        v, i = F.linear(y, w[start : start + GREEDY_TILE]).float().max(-1)
+        better = v > best_v  # strict: an earlier tile keeps ties (first maximum wins)
+        best_v = torch.where(better, v, best_v)
+        best_i = torch.where(better, i + start, best_i)
+    return best_i
