@@ -137,7 +137,7 @@ def _rank_main(rank: int, w: Workload, port: int, out_dir: str) -> None:
                 },
                 "slots": slots,
                 "changed": [a != b for a, b in zip(before, ep.placements, strict=True)],
-                "step_loads": ep.step_loads,
+                "step_loads": list(ep.step_loads),
                 "steps": step,
                 "balance": ep.balance_factor(),
             },

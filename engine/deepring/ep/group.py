@@ -13,6 +13,8 @@ so it cannot take part in collectives); speculative decoding under EP is not sup
 
 from __future__ import annotations
 
+from collections import deque
+
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -34,7 +36,10 @@ class ExpertParallel:
         group: dist.ProcessGroup | None = None,
         n_redundant: int = 0,
         placements: list[Placement] | None = None,
+        keep_loads: int | None = None,
     ) -> None:
+        """keep_loads: how many (step, layer) load rows `step_loads` keeps (None: all; a
+        serving rank keeps a recent window, and `loads_seen` / `factor_sum` count them all)."""
         config = model.config
         self.model = model
         self.group = group
@@ -49,7 +54,10 @@ class ExpertParallel:
         if len(placements) != len(layers):
             raise ValueError(f"{len(placements)} placements for {len(layers)} MoE layers")
         self.counters = ExpertLoad(len(layers), n_experts)
-        self.step_loads: list[list[int]] = []  # tokens per rank, one entry per layer per step
+        # Tokens per rank, one entry per layer per step (the most recent keep_loads of them).
+        self.step_loads: deque[list[int]] = deque(maxlen=keep_loads)
+        self.loads_seen = 0  # (step, layer) rows with any tokens, since the start
+        self.factor_sum = 0.0  # the sum of their max / mean
         self.layers: list[ExpertParallelMoE] = []
         for i, (layer, p) in enumerate(zip(layers, placements, strict=True)):
             ep = ExpertParallelMoE(i, p, group, self.counters, self._record)
@@ -62,6 +70,9 @@ class ExpertParallel:
 
     def _record(self, layer: int, rank_tokens: list[int]) -> None:
         self.step_loads.append(rank_tokens)
+        if sum(rank_tokens):
+            self.loads_seen += 1
+            self.factor_sum += balance_factor([float(x) for x in rank_tokens])
 
     @property
     def placements(self) -> list[Placement]:
