@@ -86,6 +86,19 @@ def test_unknown_subcommand_is_rejected(capsys):
         (["serve", "--devices", "gpu0"], "'gpu0' is not cpu, cuda or cuda:N"),
         (["serve", "--devices", "cpu", "--device", "cpu"], "exclude each other"),
         (["serve", "--devices", "cpu,cuda:999"], "cuda:999 asked for, this machine has"),
+        # Expert parallel: the tiny model has 8 routed experts, so E + K must divide by N.
+        (["serve", "--ep", "3"], "do not split evenly over 3 ranks"),
+        (["serve", "--ep", "2", "--redundant-experts", "1"], "do not split evenly over 2"),
+        (
+            ["serve", "--ep", "2", "--prefill-ep", "4", "--redundant-experts", "2"],
+            "--ep 4 --redundant-experts 2",
+        ),
+        (["serve", "--ep", "0"], "--ep and --prefill-ep must be >= 1"),
+        (["serve", "--redundant-experts", "2"], "--redundant-experts needs --ep N > 1"),
+        (["serve", "--ep", "2", "--speculative", "mtp"], "does not run speculative decoding"),
+        (["serve", "--ep", "2", "--zero-cost"], "cannot run with --zero-cost"),
+        (["serve", "--ep", "2", "--reserve-workers", "1"], "--reserve-workers does not take"),
+        (["serve", "--ep", "2", "--model", "v41-tiny"], "runs DeepSeek V4 MoE models"),
     ],
 )
 def test_serving_commands_refuse_bad_configurations(capsys, argv, message):
