@@ -515,6 +515,12 @@ def _serve(args: argparse.Namespace) -> int:
             cfg = ServeConfig(
                 frontend=fe, workers=tuple(workers), reserve_workers=args.reserve_workers
             )
+            from deepring.core import memory_plan
+
+            # Said (and checked) before any worker loads: a model that cannot fit fails here,
+            # in one line, not as an out-of-memory in a worker's log.
+            rows = memory_plan.plan(cfg.workers)
+            print(memory_plan.describe(rows, memory_plan.check_fits(rows, args.max_memory)))
         except ValueError as e:
             print(f"deepring serve: {e}", file=sys.stderr)
             return 2
@@ -618,6 +624,14 @@ def add_serving_commands(sub: argparse._SubParsersAction) -> None:
         default="ipc",
         help="ipc:// sockets in a fresh directory under DEEPRING_IPC_DIR, or local tcp:// ports "
         "(CURVE-secured)",
+    )
+    g.add_argument(
+        "--max-memory",
+        type=_size,
+        default=None,
+        metavar="SIZE",
+        help="bytes each device may hold for its workers; the memory plan printed at start "
+        "must fit (default: a CUDA device's memory, the host's available memory for cpu)",
     )
     cli_ep.add_ep_args(p)
     cli_security.add_ring_args(p)
