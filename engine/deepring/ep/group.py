@@ -29,6 +29,12 @@ from deepring.ep.placement import (
 )
 
 
+def rank_slots(n_experts: int, n_ranks: int, rank: int, n_redundant: int = 0) -> list[int]:
+    """The experts a rank's slots hold before any load is known (the static placement every
+    layer starts from): what it loads from the checkpoint."""
+    return list(static_placement(n_experts, n_ranks, n_redundant).rank_experts(rank))
+
+
 class ExpertParallel:
     def __init__(
         self,
@@ -37,9 +43,13 @@ class ExpertParallel:
         n_redundant: int = 0,
         placements: list[Placement] | None = None,
         keep_loads: int | None = None,
+        sharded: bool = False,
     ) -> None:
         """keep_loads: how many (step, layer) load rows `step_loads` keeps (None: all; a
-        serving rank keeps a recent window, and `loads_seen` / `factor_sum` count them all)."""
+        serving rank keeps a recent window, and `loads_seen` / `factor_sum` count them all).
+        sharded: the model was loaded with only this rank's slots of the placements
+        (model.loader.load_model(experts=rank_slots(...))); otherwise its whole experts are
+        cut here."""
         config = model.config
         self.model = model
         self.group = group
@@ -62,9 +72,16 @@ class ExpertParallel:
         for i, (layer, p) in enumerate(zip(layers, placements, strict=True)):
             ep = ExpertParallelMoE(i, p, group, self.counters, self._record)
             ex = layer.mlp.experts
-            gate_up, down = ep.shard(ex.gate_up_proj.data, ex.down_proj.data)
-            ex.gate_up_proj = nn.Parameter(gate_up, requires_grad=False)
-            ex.down_proj = nn.Parameter(down, requires_grad=False)
+            if sharded:
+                if ex.gate_up_proj.shape[0] != p.slots_per_rank:
+                    raise ValueError(
+                        f"layer {i} holds {ex.gate_up_proj.shape[0]} expert slots, the "
+                        f"placement gives this rank {p.slots_per_rank}"
+                    )
+            else:
+                gate_up, down = ep.shard(ex.gate_up_proj.data, ex.down_proj.data)
+                ex.gate_up_proj = nn.Parameter(gate_up, requires_grad=False)
+                ex.down_proj = nn.Parameter(down, requires_grad=False)
             layer.mlp.ep = ep
             self.layers.append(ep)
 

@@ -268,8 +268,9 @@ class Metrics:
         for name, kind, help_text, value in (
             ("balance_factor", "gauge", "Max / mean tokens per rank per MoE layer step, "
              "over the recent steps (1 is perfect balance).", lambda ep: ep["balance_factor"]),
+            # (1.0 before the group routed anything)
             ("balance_factor_mean", "gauge", "The same, averaged since the group started.",
-             lambda ep: (ep["balance_factor_sum"] or 1.0) / max(1, ep["balance_rows"])),  # (1: no rows)
+             lambda ep: (ep["balance_factor_sum"] or 1.0) / max(1, ep["balance_rows"])),
             ("group_steps_total", "counter", "Steps the expert-parallel group ran together.",
              lambda ep: ep["group_steps"]),
             ("rebalances_total", "counter", "Rearrangements of the experts over the group.",

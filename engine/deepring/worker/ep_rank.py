@@ -23,8 +23,8 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from deepring.config import EPConfig
-from deepring.ep.group import ExpertParallel
+from deepring.config import EngineSpec, EPConfig
+from deepring.ep.group import ExpertParallel, rank_slots
 
 log = logging.getLogger("deepring.worker")
 
@@ -38,12 +38,28 @@ TICK_POLL_S = 0.005
 KEEP_LOADS = 4096
 
 
+def load_rank(spec: EngineSpec, config: EPConfig):
+    """The model with only this rank's routed experts (the static placement's slots), read
+    from the checkpoint: a rank holds (E + K) / N of the experts plus the replicated rest from
+    the start, never the whole model (core.build.load_weights)."""
+    from deepring.core.build import load_weights
+    from deepring.model.config import ModelConfig
+    from deepring.model.loader import resolve_model_path
+
+    if spec.zero_cost:
+        raise ValueError("expert parallel needs a model (not the zero-cost runner)")
+    n_experts = ModelConfig.from_pretrained(resolve_model_path(spec.model)).n_routed_experts
+    slots = rank_slots(n_experts, config.size, config.rank, config.redundant)
+    return load_weights(spec, experts=slots)
+
+
 class GroupLost(RuntimeError):
     """A collective failed: another rank of the group is gone or stuck."""
 
 
 class EPRank:
     def __init__(self, config: EPConfig, model: torch.nn.Module) -> None:
+        """model: loaded by load_rank (its experts are this rank's slots already)."""
         device = model.device
         backend = "nccl" if device.type == "cuda" else "gloo"
         if device.type == "cuda":
@@ -56,7 +72,9 @@ class EPRank:
             timeout=timedelta(seconds=GROUP_TIMEOUT_S),
         )
         self.config = config
-        self.ep = ExpertParallel(model, n_redundant=config.redundant, keep_loads=KEEP_LOADS)
+        self.ep = ExpertParallel(
+            model, n_redundant=config.redundant, keep_loads=KEEP_LOADS, sharded=True
+        )
         self.group_steps = 0  # steps the group ran together (the same count on every rank)
         self.rebalances = 0
         self.group_busy = False  # whether any rank had work at the last tick

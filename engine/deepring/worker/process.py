@@ -256,14 +256,16 @@ def run_worker(config: WorkerConfig, loaded=None) -> int:
     from deepring.worker.ep_rank import TICK_POLL_S, GroupLost
     from deepring.worker.roles import DecodeRole, PrefillRole
 
+    if config.ep is not None and loaded is None:
+        from deepring.worker.ep_rank import load_rank
+
+        loaded = load_rank(config.engine, config.ep)  # this rank's experts only
     built = build_engine(config.engine, loaded=loaded)
     built.engine.prepare_grammars()  # ready before the first constrained request arrives
     ep_rank = None
     if config.ep is not None:  # (before `ready`: the group forms before any rank serves)
         from deepring.worker.ep_rank import EPRank
 
-        if built.model is None:
-            raise ValueError("expert parallel needs a model (not the zero-cost runner)")
         ep_rank = EPRank(config.ep, built.model)
     gen = random.SystemRandom().getrandbits(62) + 1
     link = WorkerLink(config, gen)
