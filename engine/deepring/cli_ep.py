@@ -111,3 +111,17 @@ def rank_configs(n_workers: int, size: int, args: argparse.Namespace) -> list[EP
             for r in range(size)
         ]
     return out
+
+
+def check_group_devices(role: str, devices: list[str], size: int) -> None:
+    """ValueError when two ranks of one group share a CUDA device: NCCL, which the group uses
+    on CUDA, refuses one device twice in a communicator. devices: the role's workers' devices
+    as the memory plan names them (core.memory_plan.device_name)."""
+    for g in range(0, len(devices), size) if size > 1 else ():
+        ranks = devices[g : g + size]
+        cuda = [d for d in ranks if d.startswith("cuda")]
+        if len(set(cuda)) < len(cuda):
+            raise ValueError(
+                f"the ranks of {role} group {g // size} share a CUDA device ({', '.join(ranks)}): "
+                "give each rank its own (--devices cuda:0,cuda:1,...)"
+            )

@@ -487,6 +487,11 @@ def _serve(args: argparse.Namespace) -> int:
                 **security,
             }
             devices = worker_devices(args.devices, args.device, n_prefill + n_decode)
+            from deepring.core.memory_plan import device_name
+
+            named = [device_name(d) for d in devices]
+            cli_ep.check_group_devices("prefill", named[:n_prefill], size["prefill"])
+            cli_ep.check_group_devices("decode", named[n_prefill:], size["decode"])
             prefill_ep = cli_ep.rank_configs(args.num_prefill, size["prefill"], args)
             decode_ep = cli_ep.rank_configs(args.num_decode, size["decode"], args)
             workers = [

@@ -115,11 +115,12 @@ def test_ep2_serving_equals_the_single_process_model(group, offline):
         assert (ep["ranks"], ep["slots"], ep["redundant"]) == (2, 5, 2)
         # Both ranks decoded requests of their own.
         assert w["steps_total"] > before[w["worker"]], w
-        # The experts were rearranged mid-run (every 3 group steps), and the group stepped
-        # more often than a rank had work of its own: it ran idle steps.
+        # The experts were rearranged mid-run (every 3 group steps).
         assert ep["rebalances"] >= 1
-        assert ep["group_steps"] > w["steps_total"]
         assert 1.0 <= ep["balance_factor"] <= 2.0
+    # The outputs' lengths differ (28 tokens at most, 20 at most on the rank without that
+    # request): a rank ran idle steps, in which the group stepped without it having work.
+    assert any(w["expert_parallel"]["group_steps"] > w["steps_total"] for w in decode)
     # The two ranks agree on the group's loads (one all_gather per layer and step).
     a, b = (w["expert_parallel"] for w in decode)
     assert a["balance_rows"] == b["balance_rows"]

@@ -155,3 +155,13 @@ def test_devices_go_to_the_workers_in_order():
     assert worker_devices(None, "cuda:1", 3) == ["cuda:1"] * 3
     assert worker_devices(None, None, 2) == [None, None]
     assert worker_devices("cpu, cpu", None, 3) == ["cpu", "cpu", "cpu"]
+
+
+def test_the_ranks_of_an_ep_group_need_distinct_cuda_devices():
+    from deepring.cli_ep import check_group_devices
+
+    check_group_devices("decode", ["cuda:0", "cuda:1", "cuda:0", "cuda:1"], 2)  # two groups
+    check_group_devices("decode", ["cpu", "cpu"], 2)  # gloo: any number of ranks per CPU
+    check_group_devices("decode", ["cuda:0", "cuda:0"], 1)  # whole workers may share
+    with pytest.raises(ValueError, match=r"decode group 1 share a CUDA device \(cuda:1, cuda:1\)"):
+        check_group_devices("decode", ["cuda:0", "cuda:1", "cuda:1", "cuda:1"], 2)
