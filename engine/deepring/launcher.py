@@ -72,12 +72,14 @@ class Supervisor:
         self._loop = asyncio.get_running_loop()
         self.spares = Spares(reserves, configs[-1], self.ctx, self._loop)
         # Expert-parallel groups: (role, group) -> worker ids of its ranks; the groups going
-        # down (a rank exited), with the backoff their restart waits.
+        # down (a rank exited), with the backoff their restart waits; those whose restart is
+        # scheduled (once: every rank's exit checks whether the group is down).
         self.groups: dict[tuple[str, int], list[str]] = {}
         for cfg in configs:
             if cfg.ep is not None:
                 self.groups.setdefault(_group(cfg), []).append(cfg.worker_id)
         self.falling: dict[tuple[str, int], float] = {}
+        self.regrouping: set[tuple[str, int]] = set()
 
     def start(self) -> None:
         for cfg in self.configs:
@@ -172,8 +174,9 @@ class Supervisor:
 
     def _restart_group_when_down(self, key: tuple[str, int]) -> None:
         members = [self.children[wid] for wid in self.groups[key]]
-        if any(c.process.is_alive() or c.process.exitcode is None for c in members):
-            return  # the exits of the rest are on their way
+        if key in self.regrouping or any(c.process.is_alive() for c in members):
+            return  # scheduled already, or the exits of the rest are on their way
+        self.regrouping.add(key)
         backoff = self.falling[key]
         delay = max(c.backoff for c in members)
         log.warning("expert-parallel group %s-%d restarts in %.1fs", *key, delay)
@@ -181,6 +184,7 @@ class Supervisor:
 
     def _restart_group(self, key: tuple[str, int], backoff: float) -> None:
         self.falling.pop(key, None)
+        self.regrouping.discard(key)
         if self.stopping:
             return
         # A fresh rendezvous: a rank of the old group can never join the new one.
