@@ -114,12 +114,18 @@ def rank_configs(n_workers: int, size: int, args: argparse.Namespace) -> list[EP
 
 
 def check_group_devices(role: str, devices: list[str], size: int) -> None:
-    """ValueError when two ranks of one group share a CUDA device: NCCL, which the group uses
-    on CUDA, refuses one device twice in a communicator. devices: the role's workers' devices
-    as the memory plan names them (core.memory_plan.device_name)."""
+    """ValueError when two ranks of one group share a CUDA device (NCCL, which the group uses
+    on CUDA, refuses one device twice in a communicator) or mix CUDA and CPU ranks.
+    devices: the role's workers' devices as the memory plan names them
+    (core.memory_plan.device_name)."""
     for g in range(0, len(devices), size) if size > 1 else ():
         ranks = devices[g : g + size]
         cuda = [d for d in ranks if d.startswith("cuda")]
+        if cuda and len(cuda) < len(ranks):
+            raise ValueError(
+                f"the ranks of {role} group {g // size} mix CUDA and CPU devices "
+                f"({', '.join(ranks)}): a group talks over NCCL or gloo, not both"
+            )
         if len(set(cuda)) < len(cuda):
             raise ValueError(
                 f"the ranks of {role} group {g // size} share a CUDA device ({', '.join(ranks)}): "

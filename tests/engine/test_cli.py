@@ -165,3 +165,5 @@ def test_the_ranks_of_an_ep_group_need_distinct_cuda_devices():
     check_group_devices("decode", ["cuda:0", "cuda:0"], 1)  # whole workers may share
     with pytest.raises(ValueError, match=r"decode group 1 share a CUDA device \(cuda:1, cuda:1\)"):
         check_group_devices("decode", ["cuda:0", "cuda:1", "cuda:1", "cuda:1"], 2)
+    with pytest.raises(ValueError, match=r"prefill group 0 mix CUDA and CPU devices"):
+        check_group_devices("prefill", ["cuda:0", "cpu"], 2)
