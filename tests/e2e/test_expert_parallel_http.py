@@ -8,6 +8,7 @@ still ends with the fault-free output."""
 from __future__ import annotations
 
 import os
+import re
 import signal
 import threading
 import time
@@ -125,6 +126,10 @@ def test_ep2_serving_equals_the_single_process_model(group, offline):
     a, b = (w["expert_parallel"] for w in decode)
     assert a["balance_rows"] == b["balance_rows"]
     assert a["balance_factor_sum"] == pytest.approx(b["balance_factor_sum"])
+    # The memory plan was printed at start: every rank with 5 of the 8 experts of a layer.
+    plan = group.log().split("memory plan", 1)[1]
+    for wid in ("prefill-0", "prefill-1", "decode-0", "decode-1"):
+        assert re.search(rf"{wid}: weights .* routed experts .* \(5/8 per layer\)", plan), wid
     labels = '{worker="decode-0",role="decode",group="0"}'
     factor = group.metric("deepring_ep_balance_factor", labels)
     assert factor == pytest.approx(a["balance_factor"], abs=1e-5)
