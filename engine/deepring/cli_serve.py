@@ -13,13 +13,19 @@ import dataclasses
 import os
 import re
 import shutil
-import socket
 import sys
 import tempfile
 from pathlib import Path
 
-from deepring import cli_sched, cli_security, env
-from deepring.config import EngineSpec, FrontendConfig, ServeConfig, WorkerConfig, check_address
+from deepring import cli_ep, cli_sched, cli_security, env
+from deepring.config import (
+    EngineSpec,
+    FrontendConfig,
+    ServeConfig,
+    WorkerConfig,
+    check_address,
+    free_tcp,
+)
 from deepring.model.embedded import EMBEDDED, is_embedded
 
 
@@ -406,12 +412,6 @@ def _path_error(args: argparse.Namespace, needs_tokenizer: bool) -> str | None:
     return None
 
 
-def _free_tcp(host: str = "127.0.0.1") -> str:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return f"tcp://{host}:{s.getsockname()[1]}"
-
-
 _DEVICE = re.compile(r"cpu|cuda(:\d+)?")
 
 
@@ -447,7 +447,7 @@ def _serve(args: argparse.Namespace) -> int:
     if args.num_prefill < 1 or args.num_decode < 1:
         print("deepring serve: need at least one prefill and one decode worker", file=sys.stderr)
         return 2
-    problem = _model_error(args, needs_tokenizer=True)
+    problem = _model_error(args, needs_tokenizer=True) or cli_ep.ep_problem(args)
     if problem is not None:
         print(f"deepring serve: {problem}", file=sys.stderr)
         return 2
@@ -462,7 +462,7 @@ def _serve(args: argparse.Namespace) -> int:
     else:
 
         def addr(name: str) -> str:
-            return _free_tcp()
+            return free_tcp()
 
     try:
         try:
@@ -472,7 +472,11 @@ def _serve(args: argparse.Namespace) -> int:
             )
             ring = addr("ring")
             security = cli_security.ring_settings(args, [ring], "serve", create=True)
-            fe = _frontend_config(args, ring, args.num_prefill, args.num_decode, security)
+            # Every rank of an expert-parallel group is a worker to the frontend (cli_ep).
+            size = cli_ep.ranks_per_worker(args)
+            n_prefill = args.num_prefill * size["prefill"]
+            n_decode = args.num_decode * size["decode"]
+            fe = _frontend_config(args, ring, n_prefill, n_decode, security)
             common = {
                 "frontend_addrs": (fe.ring_addr,),
                 "parent_pid": os.getpid(),
@@ -482,22 +486,46 @@ def _serve(args: argparse.Namespace) -> int:
                 "overlap": not args.no_overlap,
                 **security,
             }
-            devices = worker_devices(args.devices, args.device, args.num_prefill + args.num_decode)
+            devices = worker_devices(args.devices, args.device, n_prefill + n_decode)
+            from deepring.core.memory_plan import device_name
+
+            named = [device_name(d) for d in devices]
+            cli_ep.check_group_devices("prefill", named[:n_prefill], size["prefill"])
+            cli_ep.check_group_devices("decode", named[n_prefill:], size["decode"])
+            prefill_ep = cli_ep.rank_configs(args.num_prefill, size["prefill"], args)
+            decode_ep = cli_ep.rank_configs(args.num_decode, size["decode"], args)
             workers = [
                 WorkerConfig(
-                    role="prefill", index=i, engine=_on(prefill_spec, devices[i]), **common
+                    role="prefill",
+                    index=i,
+                    engine=_on(prefill_spec, devices[i]),
+                    ep=prefill_ep[i],
+                    **common,
                 )
-                for i in range(args.num_prefill)
+                for i in range(n_prefill)
             ]
-            for i in range(args.num_decode):
+            for i in range(n_decode):
                 h = addr(f"handoff-{i}")
-                spec = _on(decode_spec, devices[args.num_prefill + i])
+                spec = _on(decode_spec, devices[n_prefill + i])
                 workers.append(
-                    WorkerConfig(role="decode", index=i, engine=spec, handoff_bind=h, **common)
+                    WorkerConfig(
+                        role="decode",
+                        index=i,
+                        engine=spec,
+                        handoff_bind=h,
+                        ep=decode_ep[i],
+                        **common,
+                    )
                 )
             cfg = ServeConfig(
                 frontend=fe, workers=tuple(workers), reserve_workers=args.reserve_workers
             )
+            from deepring.core import memory_plan
+
+            # Said (and checked) before any worker loads: a model that cannot fit fails here,
+            # in one line, not as an out-of-memory in a worker's log.
+            rows = memory_plan.plan(cfg.workers)
+            print(memory_plan.describe(rows, memory_plan.check_fits(rows, args.max_memory)))
         except ValueError as e:
             print(f"deepring serve: {e}", file=sys.stderr)
             return 2
@@ -570,8 +598,9 @@ def add_serving_commands(sub: argparse._SubParsersAction) -> None:
         "--devices",
         default=None,
         metavar="LIST",
-        help="one device per worker, comma-separated (cpu, cuda, cuda:N), in the order "
-        "prefill-0.., decode-0..; a shorter list is reused from its start (instead of --device)",
+        help="one device per worker (per rank with --ep), comma-separated (cpu, cuda, cuda:N), "
+        "in the order prefill-0.., decode-0..; a shorter list is reused from its start "
+        "(instead of --device)",
     )
     g.add_argument(
         "--reserve-workers",
@@ -601,6 +630,15 @@ def add_serving_commands(sub: argparse._SubParsersAction) -> None:
         help="ipc:// sockets in a fresh directory under DEEPRING_IPC_DIR, or local tcp:// ports "
         "(CURVE-secured)",
     )
+    g.add_argument(
+        "--max-memory",
+        type=_size,
+        default=None,
+        metavar="SIZE",
+        help="bytes each device may hold for its workers; the memory plan printed at start "
+        "must fit (default: a CUDA device's memory, the host's available memory for cpu)",
+    )
+    cli_ep.add_ep_args(p)
     cli_security.add_ring_args(p)
     p.set_defaults(func=_serve)
 

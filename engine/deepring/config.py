@@ -8,6 +8,7 @@ are read in env.py only.
 from __future__ import annotations
 
 import re
+import socket
 from dataclasses import dataclass, field
 
 ROLES = ("prefill", "decode")
@@ -28,6 +29,14 @@ _ADDR_SCHEMES = ("ipc://", "tcp://", "inproc://")
 def check_address(name: str, addr: str) -> None:
     if not isinstance(addr, str) or not addr.startswith(_ADDR_SCHEMES):
         raise ValueError(f"{name} must be a ZeroMQ endpoint (ipc://, tcp://), got {addr!r}")
+
+
+def free_tcp(host: str = "127.0.0.1") -> str:
+    """A tcp:// endpoint on a port free now (the OS picks it; another process could take it
+    before it is bound, which a local `deepring serve` accepts)."""
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return f"tcp://{host}:{s.getsockname()[1]}"
 
 
 def _check_ring_security(addrs: dict[str, str | None], keys: str | None, insecure: bool) -> None:
@@ -228,6 +237,33 @@ class EngineSpec:
 
 
 @dataclass(frozen=True)
+class EPConfig:
+    """This worker as one rank of an expert-parallel group (`deepring serve --ep N`): the
+    group's N ranks are N workers of one role (each registered with the frontend, each with its
+    own requests and caches: attention is data parallel) whose MoE layers share the routed
+    experts over torch.distributed (ep.group)."""
+
+    size: int  # ranks in the group
+    rank: int
+    group: int  # the group's number within its role
+    # torch.distributed rendezvous (tcp://host:port; rank 0 serves it). `deepring serve` picks
+    # a fresh port each time it starts the group, so a restarted group never meets the old one.
+    init_addr: str
+    redundant: int = 0  # spare expert slots over the group (ep.placement)
+    rebalance_interval: int = 0  # group steps between rearrangements of the experts (0: never)
+
+    def __post_init__(self) -> None:
+        if self.size < 2:
+            raise ValueError("an expert-parallel group needs at least 2 ranks")
+        if not 0 <= self.rank < self.size:
+            raise ValueError(f"rank {self.rank} outside a group of {self.size}")
+        if self.group < 0 or self.redundant < 0 or self.rebalance_interval < 0:
+            raise ValueError("group, redundant experts and rebalance interval must be >= 0")
+        if not self.init_addr.startswith("tcp://"):
+            raise ValueError(f"the rendezvous must be tcp://host:port, got {self.init_addr!r}")
+
+
+@dataclass(frozen=True)
 class WorkerConfig:
     """One prefill or decode process."""
 
@@ -249,6 +285,7 @@ class WorkerConfig:
     # The step runs on its own thread while the loop sends the previous step's outputs and
     # takes the ring's messages (worker.process); False: one thread, in sequence.
     overlap: bool = True
+    ep: EPConfig | None = None  # a rank of an expert-parallel group (None: a whole worker)
 
     def __post_init__(self) -> None:
         if self.role not in ROLES:

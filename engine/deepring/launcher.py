@@ -7,11 +7,17 @@ exit is noticed at once through the process sentinel on the event loop; the fron
 fails the requests it held and the supervisor starts a new incarnation after a short backoff.
 A worker that dies before it ever became ready is a configuration or start-up error: the
 supervisor reports it and gives up instead of looping.
+
+The ranks of an expert-parallel group (`--ep N`, worker.ep_rank) live and die together: their
+MoE layers cannot step without every rank. When one exits, the supervisor kills the others,
+the frontend reroutes what each of them held, and once all are down the group starts again,
+on a fresh rendezvous port, after the failed rank's backoff.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import multiprocessing
 import time
@@ -20,7 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from deepring import env
-from deepring.config import ServeConfig, WorkerConfig
+from deepring.config import ServeConfig, WorkerConfig, free_tcp
 from deepring.frontend import server
 from deepring.frontend.client import EngineClient
 from deepring.logs import setup_logging
@@ -65,6 +71,15 @@ class Supervisor:
         self.crash_loop_exits, self.crash_loop_window = env.crash_loop()
         self._loop = asyncio.get_running_loop()
         self.spares = Spares(reserves, configs[-1], self.ctx, self._loop)
+        # Expert-parallel groups: (role, group) -> worker ids of its ranks; the groups going
+        # down (a rank exited), with the backoff their restart waits; those whose restart is
+        # scheduled (once: every rank's exit checks whether the group is down).
+        self.groups: dict[tuple[str, int], list[str]] = {}
+        for cfg in configs:
+            if cfg.ep is not None:
+                self.groups.setdefault(_group(cfg), []).append(cfg.worker_id)
+        self.falling: dict[tuple[str, int], float] = {}
+        self.regrouping: set[tuple[str, int]] = set()
 
     def start(self) -> None:
         for cfg in self.configs:
@@ -102,6 +117,14 @@ class Supervisor:
         code = p.exitcode
         if self.stopping:
             return
+        key = _group(child.config)
+        if key is not None and key in self.falling:  # a rank stopped with its group
+            self.client.worker_lost(wid, "went down with its expert-parallel group", f"pid {p.pid}")
+            child.down_since = time.monotonic()
+            child.restarts += 1
+            self.restarts += 1
+            self._restart_group_when_down(key)
+            return
         was_ready = p.pid in self.client.registry.seen_pids
         why = f"exited unexpectedly with code {code}"
         self.client.worker_lost(wid, why, f"pid {p.pid}")
@@ -129,11 +152,48 @@ class Supervisor:
             log.warning("%s %s; restarting in %.1fs", wid, why, child.backoff)
         self.restarts += 1
         child.restarts += 1
+        if key is not None:
+            self._take_group_down(key, wid, backoff)
+            return
         spare = self.spares.take(child.config)
         if spare is not None:  # a warm spare takes the role now; no model to load
             self._spawn(child.config, backoff, child, process=spare)
             return
         self._loop.call_later(child.backoff, self._restart, child, backoff)
+
+    def _take_group_down(self, key: tuple[str, int], failed: str, backoff: float) -> None:
+        """Rank `failed` of group `key` exited: stop the other ranks (their collectives would
+        fail anyway, or hang until the group timeout), restart all once they are down."""
+        self.falling[key] = backoff
+        for wid in self.groups[key]:
+            p = self.children[wid].process
+            if wid != failed and p.is_alive():
+                log.warning("stopping %s: rank %s of its expert-parallel group exited", wid, failed)
+                p.kill()
+        self._restart_group_when_down(key)
+
+    def _restart_group_when_down(self, key: tuple[str, int]) -> None:
+        members = [self.children[wid] for wid in self.groups[key]]
+        if key in self.regrouping or any(c.process.is_alive() for c in members):
+            return  # scheduled already, or the exits of the rest are on their way
+        self.regrouping.add(key)
+        backoff = self.falling[key]
+        delay = max(c.backoff for c in members)
+        log.warning("expert-parallel group %s-%d restarts in %.1fs", *key, delay)
+        self._loop.call_later(delay, self._restart_group, key, backoff)
+
+    def _restart_group(self, key: tuple[str, int], backoff: float) -> None:
+        self.falling.pop(key, None)
+        self.regrouping.discard(key)
+        if self.stopping:
+            return
+        # A fresh rendezvous: a rank of the old group can never join the new one.
+        addr = free_tcp()
+        for wid in self.groups[key]:
+            prev = self.children[wid]
+            cfg = prev.config
+            cfg = dataclasses.replace(cfg, ep=dataclasses.replace(cfg.ep, init_addr=addr))
+            self._spawn(cfg, backoff, prev)
 
     def _crash_looping(self, child: _Child) -> bool:
         return len(child.exits) >= self.crash_loop_exits
@@ -180,6 +240,11 @@ class Supervisor:
             self._loop.remove_reader(p.sentinel)
             p.close()
         self.children.clear()
+
+
+def _group(cfg: WorkerConfig) -> tuple[str, int] | None:
+    """The expert-parallel group a worker is a rank of (None: a whole worker)."""
+    return None if cfg.ep is None else (cfg.role, cfg.ep.group)
 
 
 def run(config: ServeConfig) -> int:

@@ -46,10 +46,13 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def run_group(w: Workload, out_dir: Path) -> list[dict]:
-    """Run the workload on w.n_ranks spawned gloo ranks; each rank's results (torch.load)."""
+def run_group(w: Workload, out_dir: Path, checkpoint: Path | None = None) -> list[dict]:
+    """Run the workload on w.n_ranks spawned gloo ranks; each rank's results (torch.load).
+    checkpoint: the model saved there (as `ours(..., seed=SEED)`), each rank loading only
+    its own experts from it; None: each rank builds the whole model and cuts its experts."""
     port = _free_port()
-    mp.spawn(_rank_main, args=(w, port, str(out_dir)), nprocs=w.n_ranks, join=True)
+    args = (w, port, str(out_dir), checkpoint)
+    mp.spawn(_rank_main, args=args, nprocs=w.n_ranks, join=True)
     return [torch.load(out_dir / f"rank{r}.pt") for r in range(w.n_ranks)]
 
 
@@ -85,8 +88,9 @@ class _Request:
         self.tokens.append(int(logits[0].argmax()))
 
 
-def _rank_main(rank: int, w: Workload, port: int, out_dir: str) -> None:
-    from deepring.ep.group import ExpertParallel
+def _rank_main(rank: int, w: Workload, port: int, out_dir: str, checkpoint: Path | None) -> None:
+    from deepring.ep.group import ExpertParallel, rank_slots
+    from deepring.model.loader import load_model
 
     torch.set_num_threads(1)
     torch.set_flush_denormal(True)
@@ -94,8 +98,14 @@ def _rank_main(rank: int, w: Workload, port: int, out_dir: str) -> None:
         "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=w.n_ranks
     )
     try:
-        model = ours(model_config(w.config), seed=SEED)
-        ep = ExpertParallel(model, n_redundant=w.n_redundant)
+        if checkpoint is None:
+            model = ours(model_config(w.config), seed=SEED)
+            ep = ExpertParallel(model, n_redundant=w.n_redundant)
+        else:
+            e = model_config(w.config).n_routed_experts
+            slots = rank_slots(e, w.n_ranks, rank, w.n_redundant)
+            model = load_model(checkpoint, dtype="float32", progress=False, experts=slots).model
+            ep = ExpertParallel(model, n_redundant=w.n_redundant, sharded=True)
         slots = [layer.mlp.experts.gate_up_proj.shape[0] for layer in model.model.layers]
         pool = pool_for(model)
         mine = [
@@ -137,7 +147,7 @@ def _rank_main(rank: int, w: Workload, port: int, out_dir: str) -> None:
                 },
                 "slots": slots,
                 "changed": [a != b for a, b in zip(before, ep.placements, strict=True)],
-                "step_loads": ep.step_loads,
+                "step_loads": list(ep.step_loads),
                 "steps": step,
                 "balance": ep.balance_factor(),
             },
@@ -145,3 +155,34 @@ def _rank_main(rank: int, w: Workload, port: int, out_dir: str) -> None:
         )
     finally:
         dist.destroy_process_group()
+
+
+def save_per_expert(model, path: Path, keep: set[int] | None = None) -> None:
+    """`model` as a checkpoint in the original per-expert layout (`...experts.<e>.w1/w2/w3`,
+    what DeepSeek ships), unquantised; keep: the only backbone experts written (None: all)."""
+    import json
+
+    from safetensors.torch import save_file
+
+    tensors = {}
+    for name, t in model.state_dict().items():
+        if name.endswith("inv_freq"):
+            continue
+        t = t.detach().contiguous()
+        if name.endswith(("experts.gate_up_proj", "experts.down_proj")):
+            prefix = name.rsplit(".", 1)[0]
+            backbone = name.startswith("model.layers.")
+            for e in range(t.shape[0]):
+                if backbone and keep is not None and e not in keep:
+                    continue
+                if name.endswith("gate_up_proj"):
+                    inter = t.shape[1] // 2
+                    tensors[f"{prefix}.{e}.w1.weight"] = t[e, :inter].clone()
+                    tensors[f"{prefix}.{e}.w3.weight"] = t[e, inter:].clone()
+                else:
+                    tensors[f"{prefix}.{e}.w2.weight"] = t[e].clone()
+        else:
+            tensors[name] = t
+    path.mkdir(parents=True, exist_ok=True)
+    save_file(tensors, str(path / "model.safetensors"))
+    (path / "config.json").write_text(json.dumps(model.config.to_hf_dict()), encoding="utf-8")

@@ -86,6 +86,19 @@ def test_unknown_subcommand_is_rejected(capsys):
         (["serve", "--devices", "gpu0"], "'gpu0' is not cpu, cuda or cuda:N"),
         (["serve", "--devices", "cpu", "--device", "cpu"], "exclude each other"),
         (["serve", "--devices", "cpu,cuda:999"], "cuda:999 asked for, this machine has"),
+        # Expert parallel: the tiny model has 8 routed experts, so E + K must divide by N.
+        (["serve", "--ep", "3"], "do not split evenly over 3 ranks"),
+        (["serve", "--ep", "2", "--redundant-experts", "1"], "do not split evenly over 2"),
+        (
+            ["serve", "--ep", "2", "--prefill-ep", "4", "--redundant-experts", "2"],
+            "--ep 4 --redundant-experts 2",
+        ),
+        (["serve", "--ep", "0"], "--ep and --prefill-ep must be >= 1"),
+        (["serve", "--redundant-experts", "2"], "--redundant-experts needs --ep N > 1"),
+        (["serve", "--ep", "2", "--speculative", "mtp"], "does not run speculative decoding"),
+        (["serve", "--ep", "2", "--zero-cost"], "cannot run with --zero-cost"),
+        (["serve", "--ep", "2", "--reserve-workers", "1"], "--reserve-workers does not take"),
+        (["serve", "--ep", "2", "--model", "v41-tiny"], "runs DeepSeek V4 MoE models"),
     ],
 )
 def test_serving_commands_refuse_bad_configurations(capsys, argv, message):
@@ -142,3 +155,15 @@ def test_devices_go_to_the_workers_in_order():
     assert worker_devices(None, "cuda:1", 3) == ["cuda:1"] * 3
     assert worker_devices(None, None, 2) == [None, None]
     assert worker_devices("cpu, cpu", None, 3) == ["cpu", "cpu", "cpu"]
+
+
+def test_the_ranks_of_an_ep_group_need_distinct_cuda_devices():
+    from deepring.cli_ep import check_group_devices
+
+    check_group_devices("decode", ["cuda:0", "cuda:1", "cuda:0", "cuda:1"], 2)  # two groups
+    check_group_devices("decode", ["cpu", "cpu"], 2)  # gloo: any number of ranks per CPU
+    check_group_devices("decode", ["cuda:0", "cuda:0"], 1)  # whole workers may share
+    with pytest.raises(ValueError, match=r"decode group 1 share a CUDA device \(cuda:1, cuda:1\)"):
+        check_group_devices("decode", ["cuda:0", "cuda:1", "cuda:1", "cuda:1"], 2)
+    with pytest.raises(ValueError, match=r"prefill group 0 mix CUDA and CPU devices"):
+        check_group_devices("prefill", ["cuda:0", "cpu"], 2)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from ep_helpers import N_DECODE, SEED, Workload, prompts, run_group
+from ep_helpers import N_DECODE, SEED, Workload, prompts, run_group, save_per_expert
 from v4_helpers import greedy_generate, model_config, ours, prefill_logits
 
 CASES = [
@@ -71,3 +71,19 @@ def test_expert_parallel_matches_single_process(w, reference, tmp_path):
     total = sum(sum(step) for step in ranks[0]["step_loads"])
     assert total == rows * k * config.num_hidden_layers
     assert ranks[0]["balance"] >= 1.0
+
+
+def test_ranks_that_load_only_their_experts_match_the_single_process(reference, tmp_path):
+    """Each rank reads its own experts from a per-expert checkpoint of the same model (never
+    the whole model), then serves and rearranges as before: the same logits and tokens."""
+    w = CASES[1]  # EP2 with redundant slots, a rebalance mid-run
+    save_per_expert(ours(model_config(w.config), seed=SEED), tmp_path / "ckpt")
+    ranks = run_group(w, tmp_path, checkpoint=tmp_path / "ckpt")
+    ref = reference(w)
+    seen = {rid: got for res in ranks for rid, got in res["requests"].items()}
+    assert sorted(seen) == sorted(ref)
+    for rid, got in seen.items():
+        assert got["tokens"] == ref[rid]["tokens"], rid
+        torch.testing.assert_close(got["prefill"], ref[rid]["prefill"], rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(got["decode"], ref[rid]["decode"], rtol=1e-4, atol=1e-4)
+    assert any(ranks[0]["changed"])

@@ -55,6 +55,12 @@ def _frames(route: bytes, msg) -> list[bytes]:
     return [route, *(bytes(f) for f in codec.encode(msg))]
 
 
+# A rank's report as worker.ep_rank.EPRank.report makes it (20 rows of factors 1.0 to 2.0).
+EP = {"group": 0, "rank": 1, "ranks": 2, "slots": 5, "redundant": 2, "group_steps": 5,
+      "rebalances": 1, "balance_rows": 20, "balance_factor": 1.25,
+      "balance_factor_sum": 26.0}  # fmt: skip
+
+
 def _stats(wid: str, gen: int, **kw) -> Stats:
     base = dict(
         waiting=0, running=0, free_slots=4, num_slots=4, used_blocks=0, num_blocks=40,
@@ -201,6 +207,18 @@ def test_forged_load_reports_are_dropped(new_client):
         _stats("decode-0", 5, lag_s=float("inf")),
         _stats("decode-0", 5, context_tokens=-3),
         _stats("decode-1", 5),
+        # An expert-parallel rank's report: every key, counts, a factor in [1, ranks], and a
+        # factor sum between the rows counted and ranks times that.
+        _stats("decode-0", 5, expert_parallel={**EP, "balance_factor": 0.5}),
+        _stats("decode-0", 5, expert_parallel={**EP, "balance_factor": 2.5}),
+        _stats("decode-0", 5, expert_parallel={**EP, "balance_factor": float("nan")}),
+        _stats("decode-0", 5, expert_parallel={**EP, "balance_factor_sum": 10.0}),
+        _stats("decode-0", 5, expert_parallel={**EP, "balance_factor_sum": 41.0}),
+        _stats("decode-0", 5, expert_parallel={**EP, "rank": 2}),
+        _stats("decode-0", 5, expert_parallel={**EP, "rebalances": -1}),
+        _stats("decode-0", 5, expert_parallel={**EP, "slots": "4"}),
+        _stats("decode-0", 5, expert_parallel={**EP, 'x{a="b"} 1\nevil': 1}),
+        _stats("decode-0", 5, expert_parallel={k: v for k, v in EP.items() if k != "group"}),
     ]
     for s in forged:
         c.feed(b"decode-0/5", s)
@@ -210,6 +228,8 @@ def test_forged_load_reports_are_dropped(new_client):
     c.feed(b"decode-0/5", good)
     assert w.stats is not None
     assert w.stats.waiting == 2
+    c.feed(b"decode-0/5", _stats("decode-0", 5, expert_parallel=EP))
+    assert w.stats.expert_parallel == EP
 
 
 def test_tokens_must_line_up_and_stay_within_the_vocabulary(new_client):

@@ -88,6 +88,7 @@ SAMPLES = [
         backlog_s=2.5,
         lag_s=0.01,
         context_tokens=12,
+        expert_parallel={"group": 1, "rank": 0, "ranks": 4, "balance_factor": 1.125},
     ),
     Shutdown(drain=True, timeout=30.0),
     Tokens(

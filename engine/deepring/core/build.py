@@ -56,10 +56,17 @@ def _device(spec: EngineSpec) -> torch.device:
     return device
 
 
-def load_weights(spec: EngineSpec, *, progress: bool = False, device: torch.device | None = None):
+def load_weights(
+    spec: EngineSpec,
+    *,
+    progress: bool = False,
+    device: torch.device | None = None,
+    experts: list[int] | None = None,
+):
     """The model `spec` names, loaded (None in zero-cost mode): what a spare worker holds
     before it knows its role (`build_engine(..., loaded=)`). device: already resolved by the
-    caller (`_device`)."""
+    caller (`_device`); experts: a rank's routed experts, the only ones loaded
+    (model.loader.load_model)."""
     from deepring.model.loader import load_model
 
     if spec.zero_cost:
@@ -71,6 +78,7 @@ def load_weights(spec: EngineSpec, *, progress: bool = False, device: torch.devi
         load_format=spec.load_format,
         seed=spec.seed,
         progress=progress,
+        experts=experts,
     )
 
 

@@ -13,6 +13,8 @@ so it cannot take part in collectives); speculative decoding under EP is not sup
 
 from __future__ import annotations
 
+from collections import deque
+
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -27,6 +29,12 @@ from deepring.ep.placement import (
 )
 
 
+def rank_slots(n_experts: int, n_ranks: int, rank: int, n_redundant: int = 0) -> list[int]:
+    """The experts a rank's slots hold before any load is known (the static placement every
+    layer starts from): what it loads from the checkpoint."""
+    return list(static_placement(n_experts, n_ranks, n_redundant).rank_experts(rank))
+
+
 class ExpertParallel:
     def __init__(
         self,
@@ -34,7 +42,14 @@ class ExpertParallel:
         group: dist.ProcessGroup | None = None,
         n_redundant: int = 0,
         placements: list[Placement] | None = None,
+        keep_loads: int | None = None,
+        sharded: bool = False,
     ) -> None:
+        """keep_loads: how many (step, layer) load rows `step_loads` keeps (None: all; a
+        serving rank keeps a recent window, and `loads_seen` / `factor_sum` count them all).
+        sharded: the model was loaded with only this rank's slots of the placements
+        (model.loader.load_model(experts=rank_slots(...))); otherwise its whole experts are
+        cut here."""
         config = model.config
         self.model = model
         self.group = group
@@ -49,19 +64,32 @@ class ExpertParallel:
         if len(placements) != len(layers):
             raise ValueError(f"{len(placements)} placements for {len(layers)} MoE layers")
         self.counters = ExpertLoad(len(layers), n_experts)
-        self.step_loads: list[list[int]] = []  # tokens per rank, one entry per layer per step
+        # Tokens per rank, one entry per layer per step (the most recent keep_loads of them).
+        self.step_loads: deque[list[int]] = deque(maxlen=keep_loads)
+        self.loads_seen = 0  # (step, layer) rows with any tokens, since the start
+        self.factor_sum = 0.0  # the sum of their max / mean
         self.layers: list[ExpertParallelMoE] = []
         for i, (layer, p) in enumerate(zip(layers, placements, strict=True)):
             ep = ExpertParallelMoE(i, p, group, self.counters, self._record)
             ex = layer.mlp.experts
-            gate_up, down = ep.shard(ex.gate_up_proj.data, ex.down_proj.data)
-            ex.gate_up_proj = nn.Parameter(gate_up, requires_grad=False)
-            ex.down_proj = nn.Parameter(down, requires_grad=False)
+            if sharded:
+                if ex.gate_up_proj.shape[0] != p.slots_per_rank:
+                    raise ValueError(
+                        f"layer {i} holds {ex.gate_up_proj.shape[0]} expert slots, the "
+                        f"placement gives this rank {p.slots_per_rank}"
+                    )
+            else:
+                gate_up, down = ep.shard(ex.gate_up_proj.data, ex.down_proj.data)
+                ex.gate_up_proj = nn.Parameter(gate_up, requires_grad=False)
+                ex.down_proj = nn.Parameter(down, requires_grad=False)
             layer.mlp.ep = ep
             self.layers.append(ep)
 
     def _record(self, layer: int, rank_tokens: list[int]) -> None:
         self.step_loads.append(rank_tokens)
+        if sum(rank_tokens):
+            self.loads_seen += 1
+            self.factor_sum += balance_factor([float(x) for x in rank_tokens])
 
     @property
     def placements(self) -> list[Placement]:

@@ -302,6 +302,9 @@ class App:
                     "backlog_seconds": round(s.backlog_s, 6) if s else 0.0,
                     "prefix_cache": s.prefix_cache if s else {},
                     "ring_dropped": s.dropped if s else {},
+                    # A rank of an expert-parallel group: its group, slots, rebalances and
+                    # the load-balance factor (max / mean tokens per rank per step).
+                    "expert_parallel": s.expert_parallel if s else {},
                 }
             )
         return out

@@ -217,6 +217,7 @@ class Metrics:
                 [(f'{{worker="{w["worker"]}",role="{w["role"]}"}}', w[key]) for w in workers],
             )
         self._prefix_cache(metric, workers)
+        self._expert_parallel(metric, workers)
         metric(
             "deepring_worker_ring_dropped_frames_total",
             "counter",
@@ -251,6 +252,38 @@ class Metrics:
                 [(f'{{worker="{w}"}}', 1 if r["crash_loop"] else 0) for w, r in ws],
             )
         return "\n".join(lines) + "\n"
+
+    @staticmethod
+    def _expert_parallel(metric, workers: list[dict]) -> None:
+        """The ranks of expert-parallel groups (worker.ep_rank): the load-balance factor, max /
+        mean tokens per rank over every MoE layer of every step, of the recent steps and since
+        the start; the group steps and the rearrangements of the experts."""
+        ranks = [(w, w["expert_parallel"]) for w in workers if w.get("expert_parallel")]
+        if not ranks:
+            return
+
+        def labels(w: dict, ep: dict) -> str:
+            return f'{{worker="{w["worker"]}",role="{w["role"]}",group="{ep["group"]}"}}'
+
+        for name, kind, help_text, value in (
+            ("balance_factor", "gauge", "Max / mean tokens per rank per MoE layer step, "
+             "over the recent steps (1 is perfect balance).", lambda ep: ep["balance_factor"]),
+            # (1.0 before the group routed anything)
+            ("balance_factor_mean", "gauge", "The same, averaged since the group started.",
+             lambda ep: (ep["balance_factor_sum"] or 1.0) / max(1, ep["balance_rows"])),
+            ("group_steps_total", "counter", "Steps the expert-parallel group ran together.",
+             lambda ep: ep["group_steps"]),
+            ("rebalances_total", "counter", "Rearrangements of the experts over the group.",
+             lambda ep: ep["rebalances"]),
+            ("expert_slots", "gauge", "Routed-expert slots per MoE layer on the rank.",
+             lambda ep: ep["slots"]),
+        ):  # fmt: skip
+            metric(
+                f"deepring_ep_{name}",
+                kind,
+                help_text,
+                [(labels(w, ep), round(value(ep), 6)) for w, ep in ranks],
+            )
 
     @staticmethod
     def _prefix_cache(metric, workers: list[dict]) -> None:

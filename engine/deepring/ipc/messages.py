@@ -165,7 +165,7 @@ class Stats(Message):
     """A worker's load, for the router and /metrics."""
 
     TYPE: ClassVar[str] = "stats"
-    VERSION: ClassVar[int] = 5
+    VERSION: ClassVar[int] = 6
     worker: str
     gen: int
     waiting: int  # requests queued in the worker (incl. handoffs not admitted yet)
@@ -194,6 +194,9 @@ class Stats(Message):
     # the CPU time around the model (worker.timeline).
     compute_seconds: float
     busy_seconds: float
+    # A rank of an expert-parallel group (worker.ep_rank.EPRank.report): its group, rank,
+    # slots, group steps, rebalances and the load-balance factor; {} for a whole worker.
+    expert_parallel: dict = field(default_factory=dict)
 
 
 @dataclass(frozen=True, eq=False)

@@ -184,7 +184,40 @@ def stats_problem(msg: Stats) -> str | None:
         return "more free or running slots than slots"
     if msg.used_blocks > msg.num_blocks:
         return "more used blocks than blocks"
-    return _counter_map(msg.prefix_cache, "prefix_cache") or _counter_map(msg.dropped, "dropped")
+    return (
+        _counter_map(msg.prefix_cache, "prefix_cache")
+        or _counter_map(msg.dropped, "dropped")
+        or _expert_parallel_problem(msg.expert_parallel)
+    )
+
+
+_EP_COUNTS = ("group", "rank", "ranks", "slots", "redundant", "group_steps", "rebalances",
+              "balance_rows")  # fmt: skip
+
+
+def _expert_parallel_problem(d: dict) -> str | None:
+    """An expert-parallel rank's report: {} or exactly the counts above plus the balance
+    factor (max / mean, so >= 1) and the sum of the factors (>= the rows counted)."""
+    if not d:
+        return None
+    if set(d) != {*_EP_COUNTS, "balance_factor", "balance_factor_sum"}:
+        return f"expert_parallel has the keys {sorted(d)!r:.80}"
+    for name in _EP_COUNTS:
+        if not _is_int(d[name]):
+            return f"expert_parallel.{name} = {d[name]!r:.40}"
+    if not d["ranks"] >= 2 or not 0 <= d["rank"] < d["ranks"]:
+        return "expert_parallel: rank outside the group"
+    factor, total = d["balance_factor"], d["balance_factor_sum"]
+    for name, value in (("balance_factor", factor), ("balance_factor_sum", total)):
+        if not isinstance(value, (int, float)) or isinstance(value, bool):
+            return f"expert_parallel.{name} = {value!r:.40}"
+    # (max / mean of N loads lies in [1, N]; the float division may land a rounding outside)
+    if not (math.isfinite(factor) and 1 - 1e-9 <= factor <= d["ranks"] * (1 + 1e-9)):
+        return f"expert_parallel.balance_factor = {factor!r:.40}"
+    rows = d["balance_rows"]
+    if not (math.isfinite(total) and rows * (1 - 1e-9) <= total <= rows * d["ranks"] * (1 + 1e-9)):
+        return f"expert_parallel.balance_factor_sum = {total!r:.40}"
+    return None
 
 
 def _pairs(items: list, kinds: tuple) -> bool:

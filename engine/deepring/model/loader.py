@@ -4,6 +4,7 @@ weights."""
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -59,7 +60,12 @@ def load_model(
     load_format: str = "auto",
     seed: int = 0,
     progress: bool = True,
+    experts: Sequence[int] | None = None,
 ) -> LoadedModel:
+    """experts: a rank of an expert-parallel group (ep.group): the routed experts of its slots,
+    in slot order, the same in every backbone MoE layer; only they are allocated and read
+    (model.weights.load_checkpoint), so a rank holds 1/N of the experts from the start. The
+    model then runs only under ExpertParallel(..., sharded=True)."""
     if load_format not in LOAD_FORMATS:
         raise ValueError(f"load_format must be one of {LOAD_FORMATS}, got {load_format!r}")
     device = torch.device(device)
@@ -73,13 +79,22 @@ def load_model(
         config = ModelConfig.from_pretrained(path)
     if getattr(config, "model_type", None) == "deepseek_v41":
         return _load_v41(config, path, load_format, seed, dtype, device, progress)
+    if experts is not None and getattr(config, "model_type", None) != "deepseek_v4":
+        raise ValueError("only DeepSeek V4 MoE models load a rank's experts")
     with torch.device("meta"):
         net = DeepseekV4(config)
+    if experts is not None and load_format != "dummy":
+        _expert_rows(net, list(experts))
     net.to_empty(device="cpu")
     if load_format == "dummy":
         init_dummy_weights(net, seed)
+        if experts is not None:
+            # Dummy weights are drawn for the whole model (the same as a single process's),
+            # then cut to the rank's experts.
+            _expert_rows(net, list(experts))
     else:
-        if not load_checkpoint(net, path, progress=progress) and config.num_nextn_predict_layers:
+        has_mtp = load_checkpoint(net, path, progress=progress, experts=experts)
+        if not has_mtp and config.num_nextn_predict_layers:
             # No MTP / DSpark tensors: run without the draft layers (and their cache).
             config = dataclasses.replace(
                 config, num_nextn_predict_layers=0, mtp_layer_types=(), dspark=None
@@ -94,6 +109,20 @@ def load_model(
     if device.type == "cpu" and net.dtype == torch.float32:
         warm_up_cpu_kernels()
     return LoadedModel(model=net, config=config, path=path)
+
+
+def _expert_rows(net: DeepseekV4, experts: list[int]) -> None:
+    """Every backbone MoE layer's routed experts cut to `experts` (on the meta device: only
+    the shapes change, and nothing is allocated until to_empty)."""
+    rows = torch.tensor(experts, dtype=torch.long)
+    for layer in net.model.layers:
+        ex = layer.mlp.experts
+        for name in ("gate_up_proj", "down_proj"):
+            t = getattr(ex, name).data
+            cut = torch.empty(len(experts), *t.shape[1:], dtype=t.dtype, device=t.device)
+            if t.device.type != "meta":
+                cut = t.index_select(0, rows.to(t.device))
+            setattr(ex, name, nn.Parameter(cut, requires_grad=False))
 
 
 def _load_v41(config, path, load_format, seed, dtype, device, progress) -> LoadedModel:

@@ -19,7 +19,7 @@ import json
 import re
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import torch
@@ -75,6 +75,11 @@ _RENAMES = [
 _BYTES = (torch.uint8, torch.int8)
 _ORIGINAL_LAYER = re.compile(r"^layers\.\d+\.")
 _EXPERT = re.compile(r"^(.*\.experts)\.(\d+)\.(w[123])\.weight$")
+# A backbone layer's routed expert under its checkpoint name (original layout, either naming;
+# its FP8 / MXFP4 scales too): what a rank of an expert-parallel group may leave unread.
+_BACKBONE_EXPERT = re.compile(r"^(?:model\.)?layers\.\d+\.(?:ffn|mlp)\.experts\.(\d+)\.")
+# A backbone layer's experts fused into one tensor each (transformers layout).
+_FUSED_EXPERTS = re.compile(r"^model\.layers\.\d+\.mlp\.experts\.(?:gate_up_proj|down_proj)$")
 
 
 def keep_fp32(name: str) -> bool:
@@ -118,12 +123,17 @@ def checkpoint_files(path: Path) -> list[Path]:
     return files
 
 
-def _iter_tensors(files: list[Path], progress: bool) -> Iterator[tuple[str, torch.Tensor]]:
+def _iter_tensors(
+    files: list[Path], progress: bool, skip: Callable[[str], bool] | None = None
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """Every tensor of the checkpoint but those `skip` names (never read from the file)."""
     total = 0
     t0 = time.monotonic()
     for i, f in enumerate(files):
         with safe_open(str(f), framework="pt") as fh:
             for key in fh.keys():  # noqa: SIM118 (safe_open is not a mapping)
+                if skip is not None and skip(key):
+                    continue
                 t = fh.get_tensor(key)
                 total += t.numel() * t.element_size()
                 yield key, t
@@ -151,12 +161,15 @@ def _fp8_block(path: Path) -> int:
     return int(size[0])
 
 
-def checkpoint_tensors(path: Path, progress: bool) -> Iterator[tuple[str, torch.Tensor]]:
-    """(name, tensor) of every tensor in the checkpoint's shards, quantised weights dequantised
-    to fp32 and their scales consumed (model.quant: a weight and its scale pair up whatever
-    their order; an unpaired one is an error at the end)."""
+def checkpoint_tensors(
+    path: Path, progress: bool, skip: Callable[[str], bool] | None = None
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """(name, tensor) of every tensor in the checkpoint's shards but those `skip` names (never
+    read), quantised weights dequantised to fp32 and their scales consumed (model.quant: a
+    weight and its scale pair up whatever their order; an unpaired one is an error at the
+    end)."""
     pairs = QuantPairs(_fp8_block(path))
-    for key, tensor in _iter_tensors(checkpoint_files(path), progress):
+    for key, tensor in _iter_tensors(checkpoint_files(path), progress, skip):
         if is_scale(key, tensor):
             done = pairs.add_scale(key, tensor)
             if done is None:
@@ -171,36 +184,58 @@ def checkpoint_tensors(path: Path, progress: bool) -> Iterator[tuple[str, torch.
     pairs.finish()
 
 
-def load_checkpoint(model: nn.Module, path: str | Path, progress: bool = True) -> bool:
+def load_checkpoint(
+    model: nn.Module,
+    path: str | Path,
+    progress: bool = True,
+    experts: Sequence[int] | None = None,
+) -> bool:
     """Fill `model` from the safetensors checkpoint at `path`.
+
+    experts: a rank of an expert-parallel group: the routed experts its slots hold, in slot
+    order, in every backbone MoE layer (the model's expert tensors have that many rows). The
+    other experts are never read in the original per-expert layout (what DeepSeek ships); a
+    transformers checkpoint fuses a layer's experts into one tensor, which is read and cut.
+    MTP layers keep all their experts.
 
     Returns whether MTP weights were present (the caller drops the MTP layers otherwise).
     """
     path = Path(path)
+    mine = None if experts is None else torch.tensor(list(experts), dtype=torch.long)
+    wanted = set() if experts is None else set(experts)
+
+    def skip(key: str) -> bool:
+        m = _BACKBONE_EXPERT.match(key) if experts is not None else None
+        return m is not None and int(m.group(1)) not in wanted
+
     targets = dict(model.named_parameters())
     targets.update({n: b for n, b in model.named_buffers() if not n.endswith("inv_freq")})
     seen: set[str] = set()
-    experts: dict[str, dict[int, dict[str, torch.Tensor]]] = {}
+    stacked: dict[str, dict[int, dict[str, torch.Tensor]]] = {}
     unexpected: list[str] = []
-    for key, tensor in checkpoint_tensors(path, progress):
+    for key, tensor in checkpoint_tensors(path, progress, skip):
         name = canonical_name(key)
         m = _EXPERT.match(name)
         if m:  # per-expert original layout: stacked into gate_up_proj / down_proj below
-            experts.setdefault(m.group(1), {}).setdefault(int(m.group(2)), {})[m.group(3)] = tensor
+            stacked.setdefault(m.group(1), {}).setdefault(int(m.group(2)), {})[m.group(3)] = tensor
             continue
         if name not in targets:
             unexpected.append(key)
             continue
+        if mine is not None and _FUSED_EXPERTS.match(name):
+            tensor = tensor.index_select(0, mine)
         _assign(targets[name], tensor, name, seen)
-    for prefix, per_expert in experts.items():
-        n = len(per_expert)
-        missing = [e for e in range(n) if set(per_expert.get(e, {})) != {"w1", "w2", "w3"}]
+    for prefix, per_expert in stacked.items():
+        ids = list(range(len(per_expert)))
+        if experts is not None and prefix.startswith("model.layers."):
+            ids = list(experts)
+        missing = [e for e in ids if set(per_expert.get(e, {})) != {"w1", "w2", "w3"}]
         if missing:
             raise ValueError(f"{prefix}: experts {missing[:8]} lack some of w1/w2/w3")
         gate_up = torch.stack(
-            [torch.cat([per_expert[e]["w1"], per_expert[e]["w3"]], 0) for e in range(n)]
+            [torch.cat([per_expert[e]["w1"], per_expert[e]["w3"]], 0) for e in ids]
         )
-        down = torch.stack([per_expert[e]["w2"] for e in range(n)])
+        down = torch.stack([per_expert[e]["w2"] for e in ids])
         for leaf, t in (("gate_up_proj", gate_up), ("down_proj", down)):
             name = f"{prefix}.{leaf}"
             if name not in targets:

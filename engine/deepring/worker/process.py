@@ -253,10 +253,20 @@ def run_worker(config: WorkerConfig, loaded=None) -> int:
     setup_logging(config.worker_id)
     stop = _StopFlag(supervised=config.parent_pid is not None)
     from deepring.core.build import build_engine
+    from deepring.worker.ep_rank import TICK_POLL_S, GroupLost
     from deepring.worker.roles import DecodeRole, PrefillRole
 
+    if config.ep is not None and loaded is None:
+        from deepring.worker.ep_rank import load_rank
+
+        loaded = load_rank(config.engine, config.ep)  # this rank's experts only
     built = build_engine(config.engine, loaded=loaded)
     built.engine.prepare_grammars()  # ready before the first constrained request arrives
+    ep_rank = None
+    if config.ep is not None:  # (before `ready`: the group forms before any rank serves)
+        from deepring.worker.ep_rank import EPRank
+
+        ep_rank = EPRank(config.ep, built.model)
     gen = random.SystemRandom().getrandbits(62) + 1
     link = WorkerLink(config, gen)
     role_cls = PrefillRole if config.role == "prefill" else DecodeRole
@@ -287,6 +297,7 @@ def run_worker(config: WorkerConfig, loaded=None) -> int:
 
     def stats() -> None:
         msg = Stats(
+            expert_parallel=ep_rank.report() if ep_rank is not None else {},
             worker=config.worker_id,
             gen=gen,
             dropped=dict(link.drops.counts),
@@ -328,7 +339,10 @@ def run_worker(config: WorkerConfig, loaded=None) -> int:
     # The overlapped loop (config.overlap): the step runs on its own thread while this one
     # sends the previous step's outputs and takes the ring's messages; everything that reads
     # or changes the engine happens between two steps, here.
-    stepper = ThreadPoolExecutor(1, thread_name_prefix="step") if config.overlap else None
+    # An expert-parallel rank steps on the loop thread: its tick (a collective) runs on every
+    # iteration, with or without work, which the step thread's launch-when-busy does not do.
+    overlapped = config.overlap and ep_rank is None
+    stepper = ThreadPoolExecutor(1, thread_name_prefix="step") if overlapped else None
     computing = threading.Event()  # the in-flight step reached its compute
     if stepper is not None:
         role.outbox = []
@@ -363,6 +377,8 @@ def run_worker(config: WorkerConfig, loaded=None) -> int:
         while True:
             waited = inflight is None and not role.busy
             timeout = max(0.0, next_beat - time.monotonic()) if waited else 0.0
+            if ep_rank is not None:
+                timeout = min(timeout, TICK_POLL_S)
             with timeline.span("poll"):
                 msgs, heard = link.poll(timeout)
             ran = False
@@ -403,7 +419,13 @@ def run_worker(config: WorkerConfig, loaded=None) -> int:
                     role.handle(msg, max(i, 0))
             if msgs:
                 timeline.add("messages", handled, eng.clock(), {"n": len(msgs)})
-            if stepper is None and role.busy:
+            if ep_rank is not None:
+                before = eng.num_steps
+                if busy[1] is None and role.busy:
+                    busy[1] = eng.clock()
+                if ep_rank.tick(role):
+                    ran = stepped(before, "loop")
+            elif stepper is None and role.busy:
                 before = eng.num_steps
                 if busy[1] is None:
                     busy[1] = eng.clock()
@@ -438,7 +460,10 @@ def run_worker(config: WorkerConfig, loaded=None) -> int:
                 log.info("signal received: draining")
                 role.draining = True
                 drain_until = now + env.drain_timeout()
-            if drain_until is not None and (not role.busy or now >= drain_until):
+            # An expert-parallel rank leaves once the whole group is idle: its peers' steps
+            # need its collectives until then.
+            idle = not (ep_rank.group_busy if ep_rank is not None else role.busy)
+            if drain_until is not None and (idle or now >= drain_until):
                 send(role.take_outbox())
                 log.info("drained; exiting")
                 for i in links:
@@ -456,7 +481,12 @@ def run_worker(config: WorkerConfig, loaded=None) -> int:
             if busy[1] is not None and inflight is None and not role.busy:
                 busy[0] += eng.clock() - busy[1]
                 busy[1] = None
+    except GroupLost as e:
+        log.error("%s; exiting so that the group restarts together", e)
+        return 3
     finally:
+        if ep_rank is not None:
+            ep_rank.close()
         if inflight is not None:  # an exception between launch and join: let the step end
             with contextlib.suppress(Exception):
                 inflight[0].result(timeout=60)

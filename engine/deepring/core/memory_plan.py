@@ -1,0 +1,188 @@
+"""The memory plan `deepring serve` prints before it starts anything: for every worker (every
+rank of an expert-parallel group), the weights it holds whole (everything but the backbone's
+routed experts: attention, the shared experts, the router, norms, embeddings, head, MTP
+layers), its share of the routed experts ((E + K) / N slots per layer on a rank of an EP
+group of N ranks with K redundant slots; all E on a whole worker), its paged KV pool and
+per-request window state, and an estimate of one step's activations; summed per device, and
+a clear error when a device cannot hold its workers.
+
+The weight bytes are exact: the model is built on the meta device (no memory) and each tensor
+counted at the dtype it is served in (model.weights.keep_fp32). The KV bytes are the pool's
+own (cache.pool). The activations are a rough allowance, not a measurement: the live tensors
+of the widest step (max_num_batched_tokens rows through the hyper-connection streams,
+attention, the indexer and the experts; the sampled rows' fp32 logits).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from deepring.cache.pool import CacheConfig, KVCachePool
+from deepring.config import EngineSpec, WorkerConfig
+from deepring.model.config import ModelConfig
+from deepring.model.loader import resolve_dtype, resolve_model_path
+from deepring.model.weights import keep_fp32
+
+# Hidden-size rows of activations per batched token that one step keeps live at once (the
+# hyper-connection streams, attention and indexer projections, the experts' picks): an
+# allowance, sized generously over what a V4 layer holds at its peak.
+ACTIVATION_ROWS = 48
+
+
+@dataclass(frozen=True)
+class ModelBytes:
+    replicated: int  # every worker and rank holds these whole
+    experts: int  # the backbone's routed experts, all E of every layer
+    n_experts: int
+
+
+@dataclass(frozen=True)
+class WorkerMemory:
+    worker: str
+    device: str
+    replicated: int
+    experts: int
+    expert_share: str  # e.g. "5/8 per layer"
+    kv: int | None  # None: sized at start from the free memory (--kv-cache-fraction)
+    activations: int
+
+    @property
+    def total(self) -> int:
+        return self.replicated + self.experts + (self.kv or 0) + self.activations
+
+
+def model_bytes(config: ModelConfig, dtype: torch.dtype) -> ModelBytes:
+    """The weights' bytes served in `dtype`, split into replicated and routed experts."""
+    from deepring.model.model import DeepseekV4
+
+    with torch.device("meta"):
+        net = DeepseekV4(config)
+    experts = {
+        id(t)
+        for layer in net.model.layers
+        for t in (layer.mlp.experts.gate_up_proj, layer.mlp.experts.down_proj)
+    }
+    replicated = routed = 0
+    for name, p in net.named_parameters():
+        n = p.numel() * (4 if keep_fp32(name) else dtype.itemsize)
+        if id(p) in experts:
+            routed += n
+        else:
+            replicated += n
+    replicated += sum(b.numel() * b.element_size() for b in net.buffers())
+    return ModelBytes(replicated, routed, config.n_routed_experts)
+
+
+def kv_bytes(config: ModelConfig, spec: EngineSpec, dtype: torch.dtype) -> int | None:
+    """The paged pool (blocks) plus the per-request window rings and tails (slots)."""
+    layout = config.cache_layout(dtype)
+    probe = KVCachePool(layout, CacheConfig(num_blocks=1, num_slots=1, block_size=spec.block_size))
+    slots = spec.max_num_seqs * probe.bytes_per_slot()
+    if spec.kv_cache_fraction is not None:
+        return None
+    if spec.kv_cache_memory is not None:
+        return spec.kv_cache_memory + slots
+    return spec.total_blocks * probe.bytes_per_block() + slots
+
+
+def activation_bytes(config: ModelConfig, spec: EngineSpec, dtype: torch.dtype) -> int:
+    rows = spec.max_num_batched_tokens * config.hidden_size * ACTIVATION_ROWS * dtype.itemsize
+    return rows + spec.max_num_seqs * config.vocab_size * 4
+
+
+def device_name(device: str | None) -> str:
+    """`--device` as the plan names it: cuda -> cuda:0, None -> what workers pick."""
+    if device is None:
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    return "cuda:0" if device == "cuda" else device
+
+
+def plan(workers: tuple[WorkerConfig, ...]) -> list[WorkerMemory]:
+    """Every worker's memory (the embedded and checkpoint models; zero-cost workers hold
+    nothing)."""
+    out = []
+    cache: dict[tuple, tuple[ModelConfig, ModelBytes]] = {}
+    for w in workers:
+        spec = w.engine
+        dev = device_name(spec.device)
+        if spec.zero_cost:
+            out.append(WorkerMemory(w.worker_id, dev, 0, 0, "none", 0, 0))
+            continue
+        dtype = resolve_dtype(spec.dtype, torch.device(dev))
+        key = (spec.model, dtype)
+        if key not in cache:
+            config = ModelConfig.from_pretrained(resolve_model_path(spec.model))
+            cache[key] = (config, model_bytes(config, dtype))
+        config, mb = cache[key]
+        experts, share = mb.experts, f"{mb.n_experts}/{mb.n_experts}"
+        if w.ep is not None:
+            slots = (mb.n_experts + w.ep.redundant) // w.ep.size
+            experts = mb.experts // mb.n_experts * slots
+            share = f"{slots}/{mb.n_experts}"
+        out.append(
+            WorkerMemory(
+                w.worker_id,
+                dev,
+                mb.replicated,
+                experts,
+                share,
+                kv_bytes(config, spec, dtype),
+                activation_bytes(config, spec, dtype),
+            )
+        )
+    return out
+
+
+def device_capacity(device: str) -> int:
+    """Bytes a device has: a CUDA device's total memory, or the host's available memory."""
+    if device.startswith("cuda"):
+        index = int(device.split(":")[1]) if ":" in device else 0
+        return int(torch.cuda.get_device_properties(index).total_memory)
+    from deepring.core.build import free_memory
+
+    return free_memory(torch.device("cpu"))
+
+
+def check_fits(rows: list[WorkerMemory], limit: int | None = None) -> dict[str, tuple[int, int]]:
+    """Per device: (bytes its workers need, bytes it has: `limit` or the device's own).
+    ValueError naming the device, what it needs and what it has when it does not fit."""
+    out = {}
+    for dev in sorted({r.device for r in rows}):
+        need = sum(r.total for r in rows if r.device == dev)
+        have = limit if limit is not None else device_capacity(dev)
+        out[dev] = (need, have)
+        if need > have:
+            mine = [r for r in rows if r.device == dev]
+            biggest = max(mine, key=lambda r: r.total)
+            raise ValueError(
+                f"the model does not fit: {dev} needs {_mib(need)} for {len(mine)} workers "
+                f"({biggest.worker}: weights {_mib(biggest.replicated)} + routed experts "
+                f"{_mib(biggest.experts)} + KV {_mib(biggest.kv or 0)} + activations "
+                f"~{_mib(biggest.activations)}), and has {_mib(have)}"
+                + (" (--max-memory)" if limit is not None else "")
+                + "; use more devices (--devices), --ep, or a smaller --kv-cache-memory / "
+                "--max-num-seqs"
+            )
+    return out
+
+
+def describe(rows: list[WorkerMemory], fits: dict[str, tuple[int, int]]) -> str:
+    lines = ["memory plan (weights exact, activations estimated):"]
+    for dev, (need, have) in fits.items():
+        lines.append(f"  {dev}: {_mib(need)} of {_mib(have)}")
+        for r in rows:
+            if r.device != dev:
+                continue
+            kv = "sized at start" if r.kv is None else _mib(r.kv)
+            lines.append(
+                f"    {r.worker}: weights {_mib(r.replicated)} + routed experts "
+                f"{_mib(r.experts)} ({r.expert_share} per layer) + KV {kv} + activations "
+                f"~{_mib(r.activations)} = {_mib(r.total)}"
+            )
+    return "\n".join(lines)
+
+
+def _mib(n: int) -> str:
+    return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"
