@@ -134,7 +134,7 @@ def test_role_commands_need_their_endpoints(capsys, role):
      ("64 k", 64_000)],
 )  # fmt: skip
 def test_sizes_parse(text, size):
-    from deepring.cli_serve import _size
+    from deepring.cli_serve_args import size as _size
 
     assert _size(text) == size
 
@@ -143,7 +143,7 @@ def test_sizes_parse(text, size):
 def test_bad_sizes_are_refused(text):
     import argparse
 
-    from deepring.cli_serve import _size
+    from deepring.cli_serve_args import size as _size
 
     with pytest.raises(argparse.ArgumentTypeError):
         _size(text)
