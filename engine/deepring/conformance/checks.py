@@ -1,0 +1,151 @@
+"""One example against a live server: the requests it sends and the properties it checks.
+
+A generated body that deepring_recipe cannot convert is sent as it is and must be refused.
+One it converts is sent twice, made deterministic (temperature 0, a seed) and capped at a few
+tokens: streamed and not; both answers are checked on their own and against each other, and
+the same body naming an unknown model must be refused. The fixed checks (a prompt beyond the
+context, a repeated long prompt) run once per protocol.
+"""
+
+from __future__ import annotations
+
+import secrets
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from deepring.conformance import outputs, variants
+from deepring.conformance.oracle import Oracle
+from deepring.conformance.properties import Verdicts
+from deepring.conformance.properties import errors as perrors
+from deepring.conformance.properties import outputs as poutputs
+from deepring.conformance.properties import streams as pstreams
+from deepring.conformance.properties import usage as pusage
+from deepring.conformance.wire import Client, Exchange
+
+UNKNOWN_MODEL = "no-such-model:deepring-conformance"
+# The repeated prompt of the prefix-cache check: longer than OpenAI's 1024-token caching floor
+# and many cache blocks of any server, where the context allows.
+CACHE_PROMPT_TOKENS = 1200
+
+
+@dataclass
+class Target:
+    """The server under test and how to talk to it."""
+
+    base_url: str
+    api_key: str | None = None
+    model: str | None = None  # None: the first of GET /v1/models
+    max_tokens: int = 8  # output cap of generated requests (the run's speed)
+    seed: int | None = 0  # the seed field of deterministic requests (None: not sent)
+    tokenizer: Path | None = None  # the served model's tokenizer.json: prompt counts checked
+    template: str | None = None  # v4 | v41 (None: either)
+    context_length: int | None = None  # None: GET /v1/models' max_model_len, if it says
+    prefix_cache: str = "auto"  # on | off | auto (claimed when usage reports cached tokens)
+    timeout: float = 120.0
+
+
+class Checker:
+    """Checks examples of one protocol (one per thread: it owns an HTTP connection)."""
+
+    def __init__(self, target: Target, protocol: str, oracle: Oracle) -> None:
+        self.t = target
+        self.protocol = protocol
+        self.oracle = oracle
+        self.client = Client(target.base_url, target.api_key, target.timeout)
+
+    def close(self) -> None:
+        self.client.close()
+
+    def _send(self, v: Verdicts, body: Any) -> Exchange:
+        v.request = body
+        return self.client.post(self.protocol, body)
+
+    def example(self, body: Any, max_tokens: int | None = None) -> Verdicts:
+        """body: a generated request body (dict, str or bytes); max_tokens: its output cap
+        (default: the target's)."""
+        v = Verdicts()
+        p = self.protocol
+        body = variants.point_at(body, self.t.model)
+        if not self.oracle.valid(p, body):
+            ex = self._send(v, body)
+            perrors.check_refused(v, "invalid_refused", ex, "a body deepring_recipe refuses")
+            perrors.check_error(v, ex, "an invalid body")
+            return v
+        plain_body = variants.as_dict(body)
+        if plain_body is None:  # a valid body is a JSON object, but stay safe
+            return v
+        cap = max_tokens or self.t.max_tokens
+        streamed = self._twin(v, plain_body, True, cap)
+        plain = self._twin(v, plain_body, False, cap)
+        v.request = streamed.body
+        pstreams.check_agreement(v, streamed, plain)
+        unknown = {**plain.body, "model": UNKNOWN_MODEL}
+        ex = self._send(v, unknown)
+        perrors.check_refused(v, "unknown_model", ex, f"model {UNKNOWN_MODEL!r}")
+        return v
+
+    def _twin(self, v: Verdicts, body: dict, stream: bool, cap: int) -> Exchange:
+        p = self.protocol
+        twin = variants.twin(p, body, stream, cap, self.t.seed)
+        ex = self._send(v, twin)
+        where = "streamed" if stream else "non-streamed"
+        if not ex.ok:
+            perrors.check_error(v, ex, where)
+            return ex
+        if stream:
+            pstreams.check_framing(v, ex)
+            pstreams.check_order(v, ex)
+            out = outputs.from_stream(p, ex.events)
+        else:
+            out = outputs.from_body(p, ex.json)
+        pusage.check_arithmetic(v, out.usage, where, twin[variants.MAX_TOKEN_FIELDS[p][0]])
+        pusage.check_prompt_count(v, out.usage, self.oracle.prompt_tokens(p, twin), where)
+        declared = variants.tool_names(p, twin)
+        poutputs.check_tool_calls(v, out, declared, where)
+        poutputs.check_markup(v, out, where)
+        # a tool choice without tools is ignored (deepring_recipe converts it so, as does the
+        # official library): nothing to honour
+        forced = variants.forced_tool(p, twin) if declared else None
+        poutputs.check_tool_choice(v, out, forced, where)
+        poutputs.check_schema(v, out, variants.json_schema(p, twin), where)
+        return ex
+
+    # ---- the fixed checks ------------------------------------------------------------------
+
+    def oversize(self, context: int) -> Verdicts:
+        """A prompt of more tokens than the context holds ("hello " is at least one token)."""
+        v = Verdicts()
+        body = variants.text_body(self.protocol, self.t.model, "hello " * (context + 16), 16)
+        ex = self._send(v, body)
+        perrors.check_refused(
+            v, "oversize_prompt", ex, f"a prompt beyond the {context}-token context"
+        )
+        # what the message shows: the body in short (it is long)
+        v.failed = {
+            k: (m, {**body, "...": "(hello x context+16)"}) for k, (m, _) in v.failed.items()
+        }
+        return v
+
+    def cache(self, context: int | None) -> Verdicts:
+        """The same long prompt twice (a fresh nonce first, so the first is a miss)."""
+        v = Verdicts()
+        words = CACHE_PROMPT_TOKENS if context is None else min(CACHE_PROMPT_TOKENS, context // 2)
+        text = f"{secrets.token_hex(8)} " + " ".join(f"item {i % 97}" for i in range(words // 2))
+        body = variants.twin(
+            self.protocol,
+            variants.text_body(self.protocol, self.t.model, text, 1),
+            False,
+            1,
+            self.t.seed,
+        )
+        first = self._send(v, body)
+        second = self._send(v, body)
+        for ex in (first, second):
+            if not ex.ok:
+                perrors.check_error(v, ex, "a long prompt")
+                return v
+        u1 = outputs.from_body(self.protocol, first.json).usage
+        u2 = outputs.from_body(self.protocol, second.json).usage
+        pusage.check_cache_hit(v, u1, u2, self.t.prefix_cache == "on")
+        return v

@@ -1,0 +1,203 @@
+"""A conformance run: hypothesis draws request bodies of each protocol (the strategies of
+deepring.conformance.bodies, valid and deliberately invalid), checks.Checker sends them, and
+every property's outcome goes into a Report.
+
+Every example checks every property that applies to it and records each failure; hypothesis
+is told only of the first, as an exception of that property's own class, so that it shrinks
+each failing property separately. The report keeps the smallest failing request each property
+saw (hypothesis only tries smaller examples once one fails). Shrinking is bounded
+(`max_shrinks` examples after the first failure of a protocol) since each example is a few
+round trips to the server. After the generated bodies, a few grammar-bounded ones
+(bodies.bounded) give the tool-choice and response-format properties finished outputs. The
+protocols run in parallel threads (the server batches them).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import secrets
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+from hypothesis import HealthCheck, Phase, Verbosity, given, settings
+from hypothesis import seed as hypothesis_seed
+from hypothesis import strategies as st
+from hypothesis.errors import HypothesisException
+
+from deepring.conformance.bodies import request_cases
+from deepring.conformance.bodies.bounded import bounded_cases
+from deepring.conformance.checks import Checker, Target
+from deepring.conformance.oracle import Oracle
+from deepring.conformance.properties import NAMES, PROPERTIES, Verdicts
+from deepring.conformance.report import Report
+from deepring.conformance.wire import Client
+
+PROTOCOLS = ("chat", "responses", "messages")
+_REPORT_LOCK = threading.Lock()  # the report is shared by the protocols' threads
+# Grammar-bounded examples per protocol: one per BOUNDED_SHARE generated ones, at least
+# BOUNDED_MIN (each of the three kinds, json_schema / required / named, likely drawn).
+BOUNDED_SHARE = 20
+BOUNDED_MIN = 6
+
+
+class PropertyFailed(Exception):
+    """An example failed a property; each property has its own subclass (`_FAILURES`)."""
+
+
+_FAILURES = {name: type(f"{name}_failed", (PropertyFailed,), {}) for name in NAMES}
+
+# What hypothesis may raise at the end of a run whose examples failed (the failures themselves
+# are in the report already): the failures, their group, or "flaky" when a shrunk example
+# passed on replay (a server is not a pure function, and past max_shrinks examples pass).
+try:
+    _END_OF_RUN: tuple[type[BaseException], ...] = (
+        PropertyFailed,
+        HypothesisException,
+        ExceptionGroup,
+    )
+except NameError:  # Python 3.10: hypothesis raises the exceptiongroup backport's class
+    from exceptiongroup import ExceptionGroup as _Group  # type: ignore[import-not-found]
+
+    _END_OF_RUN = (PropertyFailed, HypothesisException, _Group)
+
+
+@dataclass
+class Plan:
+    protocols: tuple[str, ...] = PROTOCOLS
+    examples: int = 100  # per protocol
+    seed: int | None = None  # hypothesis' seed (None: a random one, reported)
+    max_shrinks: int = 60
+
+
+def discover(target: Target) -> list[str]:
+    """Fill in what the server tells about itself (model, context length); notes for the
+    report."""
+    notes = []
+    client = Client(target.base_url, target.api_key, target.timeout)
+    try:
+        models = client.get_json("/v1/models")
+    finally:
+        client.close()
+    data = models.get("data") if isinstance(models, dict) else None
+    first = data[0] if isinstance(data, list) and data and isinstance(data[0], dict) else {}
+    if target.model is None:
+        if not isinstance(first.get("id"), str):
+            raise ValueError("GET /v1/models names no model: pass --model")
+        target.model = first["id"]
+        notes.append(f"model {target.model!r} (from GET /v1/models)")
+    if target.context_length is None and isinstance(first.get("max_model_len"), int):
+        target.context_length = first["max_model_len"]
+        notes.append(f"context length {target.context_length} (max_model_len of GET /v1/models)")
+    return notes
+
+
+class _Protocol:
+    """One protocol's run: the hypothesis test and its bookkeeping."""
+
+    def __init__(self, target: Target, protocol: str, oracle: Oracle, plan: Plan, report: Report):
+        self.checker = Checker(target, protocol, oracle)
+        self.protocol = protocol
+        self.plan = plan
+        self.report = report
+        self.failed_once = False
+        self.shrinks = 0
+
+    def record(self, v: Verdicts) -> None:
+        with _REPORT_LOCK:
+            for name in v.applied:
+                o = self.report.outcome(name, self.protocol)
+                o.checked += 1
+                if name in v.failed:
+                    o.record_failure(*v.failed[name])
+
+    def one(self, body: object, max_tokens: int | None) -> None:
+        if self.failed_once:
+            self.shrinks += 1
+            if self.shrinks > self.plan.max_shrinks:
+                return  # the shrink budget is spent: report what was found so far
+        v = self.checker.example(body, max_tokens)
+        self.record(v)
+        if v.failed:
+            self.failed_once = True
+            first = next(name for name in NAMES if name in v.failed)
+            raise _FAILURES[first](v.failed[first][0])
+
+    def run(self, seed: int) -> None:
+        """The suite's generated bodies, then a few whose output a grammar bounds
+        (bodies.bounded): the tool-choice and response-format properties need finished outputs,
+        which the generated bodies rarely ask for. Few, since each is tens of tokens."""
+        started = time.monotonic()
+        count = self._hypothesis(request_cases(self.protocol), self.plan.examples, seed)
+        bounded = max(BOUNDED_MIN, self.plan.examples // BOUNDED_SHARE)
+        self.failed_once, self.shrinks = False, 0  # a fresh shrink budget
+        count += self._hypothesis(bounded_cases(self.protocol), bounded, seed)
+        self.checker.close()
+        self.report.examples[self.protocol] = count
+        self.report.seconds[self.protocol] = time.monotonic() - started
+
+    def _hypothesis(self, strategy: st.SearchStrategy, examples: int, seed: int) -> int:
+        """Run `examples` examples of the strategy (and shrink failures); how many ran."""
+        count = 0
+
+        @settings(
+            max_examples=examples,
+            deadline=None,
+            database=None,
+            phases=(Phase.generate, Phase.shrink),
+            suppress_health_check=list(HealthCheck),
+            report_multiple_bugs=True,
+            verbosity=Verbosity.quiet,
+            print_blob=False,
+        )
+        @given(strategy)
+        def test(case: dict) -> None:
+            nonlocal count
+            count += 1
+            self.one(case["body"], case.get("max_tokens"))
+
+        with contextlib.suppress(*_END_OF_RUN):  # the failures are recorded, one by one
+            hypothesis_seed(seed)(test)()
+        return count
+
+    def fixed(self, target: Target) -> None:
+        """The checks that run once: a prompt beyond the context, a repeated long prompt."""
+        p = self.protocol
+        if target.context_length is not None:
+            self.record(self.checker.oversize(target.context_length))
+        else:
+            self.report.outcome(
+                "oversize_prompt", p
+            ).skip_reason = "the context length is unknown: pass --context-length"
+        if target.prefix_cache == "off":
+            self.report.outcome("prefix_cache", p).skip_reason = "--prefix-cache off"
+            return
+        self.record(self.checker.cache(target.context_length))
+        if not self.report.outcome("prefix_cache", p).checked:
+            self.report.outcome(
+                "prefix_cache", p
+            ).skip_reason = (
+                "the server reports no cached tokens (pass --prefix-cache on if it caches)"
+            )
+
+
+def run(target: Target, plan: Plan) -> Report:
+    notes = discover(target)
+    seed = plan.seed if plan.seed is not None else secrets.randbelow(2**32)
+    report = Report(list(plan.protocols), PROPERTIES, seed=seed, notes=notes)
+    oracle = Oracle(target.model, target.tokenizer, target.template)
+    if target.tokenizer is None:
+        for p in plan.protocols:
+            report.outcome("prompt_tokens", p).skip_reason = "no --tokenizer given"
+    try:
+        import jsonschema  # noqa: F401  (only whether it is there)
+    except ImportError:
+        for p in plan.protocols:
+            report.outcome("response_format", p).skip_reason = "jsonschema is not installed"
+    runs = [_Protocol(target, p, oracle, plan, report) for p in plan.protocols]
+    with ThreadPoolExecutor(len(runs)) as pool:
+        for r in runs:
+            r.fixed(target)
+        list(pool.map(lambda r: r.run(seed), runs))
+    return report
