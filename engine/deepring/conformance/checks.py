@@ -42,6 +42,7 @@ class Target:
     template: str | None = None  # v4 | v41 (None: either)
     context_length: int | None = None  # None: GET /v1/models' max_model_len, if it says
     prefix_cache: str = "auto"  # on | off | auto (claimed when usage reports cached tokens)
+    default_thinking: bool | None = None  # the server's, probed by runner.discover
     timeout: float = 120.0
 
 
@@ -79,7 +80,8 @@ class Checker:
         streamed = self._twin(v, plain_body, True, cap)
         plain = self._twin(v, plain_body, False, cap)
         v.request = streamed.body
-        pstreams.check_agreement(v, streamed, plain)
+        greedy = self.oracle.greedy(self.protocol, plain.body)
+        pstreams.check_agreement(v, streamed, plain, greedy)
         unknown = {**plain.body, "model": UNKNOWN_MODEL}
         ex = self._send(v, unknown)
         perrors.check_refused(v, "unknown_model", ex, f"model {UNKNOWN_MODEL!r}")

@@ -34,10 +34,19 @@ ENCODINGS = {"v4": DeepseekV4Encoding, "v41": DeepseekV41Encoding}
 
 
 class Oracle:
-    def __init__(self, model: str, tokenizer: str | Path | None, template: str | None) -> None:
+    def __init__(
+        self,
+        model: str,
+        tokenizer: str | Path | None,
+        template: str | None,
+        default_thinking: bool | None = None,
+    ) -> None:
         """tokenizer / template (v4 | v41): the served model's, to count prompt tokens; without
-        a tokenizer, prompt counts are not checked (template None: either template)."""
+        a tokenizer, prompt counts are not checked (template None: either template).
+        default_thinking: the server's thinking mode for requests that do not choose (None:
+        unknown), for `greedy`."""
         self.model = model
+        self.default_thinking = default_thinking
         self.templates = [template] if template else list(VERSIONS)
         self.options = {
             (t, thinking): ConversionOptions()
@@ -51,18 +60,32 @@ class Oracle:
             tok = Tokenizer.from_file(str(tokenizer))
             self.encodings = {t: ENCODINGS[t]().with_tokenizer(tok) for t in self.templates}
 
-    def _conversions(self, protocol: str, body: Any) -> list[tuple[str, Any]]:
-        """(template, ConversationRequest) of each configuration that converts the body."""
+    def _conversions(
+        self, protocol: str, body: Any, thinking: bool | None = None
+    ) -> list[tuple[str, Any]]:
+        """(template, ConversationRequest) of each configuration that converts the body (with
+        that thinking default only, unless None)."""
         out = []
-        for (template, _), options in self.options.items():
+        for (template, default), options in self.options.items():
+            if thinking is not None and default != thinking:
+                continue
             try:
                 out.append((template, REQUESTS[protocol](body).convert(options)))
-            except (ConversionError, ValueError, TypeError, RecursionError):
+            except (ConversionError, ValueError, TypeError, OverflowError, RecursionError):
                 continue
         return out
 
     def valid(self, protocol: str, body: Any) -> bool:
         return bool(self._conversions(protocol, body))
+
+    def greedy(self, protocol: str, body: Any) -> bool:
+        """Whether the body decodes greedily on the server: temperature 0 as the recipe
+        resolves it. Thinking mode samples at temperature 1 whatever the body says (DeepSeek's
+        rule, which the recipe applies), and then two runs of one request agree only where the
+        server's seeded sampling does not depend on what else it batches: more than any server
+        promises, so agreement is asked of greedy requests only."""
+        convs = self._conversions(protocol, body, self.default_thinking)
+        return bool(convs) and all(c.inference_options.temperature == 0 for _, c in convs)
 
     def prompt_tokens(self, protocol: str, body: Any) -> set[int] | None:
         """The prompt lengths the body renders to under the configurations that convert it

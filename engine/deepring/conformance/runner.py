@@ -26,6 +26,7 @@ from hypothesis import seed as hypothesis_seed
 from hypothesis import strategies as st
 from hypothesis.errors import HypothesisException
 
+from deepring.conformance import outputs, variants
 from deepring.conformance.bodies import request_cases
 from deepring.conformance.bodies.bounded import bounded_cases
 from deepring.conformance.checks import Checker, Target
@@ -93,6 +94,26 @@ def discover(target: Target) -> list[str]:
     return notes
 
 
+def probe_thinking(target: Target, protocol: str) -> str:
+    """The server's thinking mode for requests that do not choose: a thinking model's output
+    starts as reasoning (its prompt ends inside <think>), so a short answer to a request
+    without a thinking field has reasoning exactly when the default is on. A note for the
+    report."""
+    client = Client(target.base_url, target.api_key, target.timeout)
+    try:
+        ex = client.post(protocol, variants.text_body(protocol, target.model, "Say hello.", 4))
+    finally:
+        client.close()
+    if not ex.ok:
+        return f"default thinking mode unknown (the probe got HTTP {ex.status or ex.error})"
+    out = outputs.from_body(protocol, ex.json)
+    if not (out.content or out.reasoning or out.tool_calls):
+        return "default thinking mode unknown (the probe's answer was empty)"
+    target.default_thinking = bool(out.reasoning)
+    mode = "on" if target.default_thinking else "off"
+    return f"default thinking {mode} (probed: a request without a thinking field)"
+
+
 class _Protocol:
     """One protocol's run: the hypothesis test and its bookkeeping."""
 
@@ -112,17 +133,19 @@ class _Protocol:
                 if name in v.failed:
                     o.record_failure(*v.failed[name])
 
-    def one(self, body: object, max_tokens: int | None) -> None:
+    def one(self, body: object, max_tokens: int | None) -> bool:
+        """Check one example; whether it ran (not once the shrink budget is spent)."""
         if self.failed_once:
             self.shrinks += 1
             if self.shrinks > self.plan.max_shrinks:
-                return  # the shrink budget is spent: report what was found so far
+                return False  # report what was found so far
         v = self.checker.example(body, max_tokens)
         self.record(v)
         if v.failed:
             self.failed_once = True
             first = next(name for name in NAMES if name in v.failed)
             raise _FAILURES[first](v.failed[first][0])
+        return True
 
     def run(self, seed: int) -> None:
         """The suite's generated bodies, then a few whose output a grammar bounds
@@ -154,8 +177,9 @@ class _Protocol:
         @given(strategy)
         def test(case: dict) -> None:
             nonlocal count
-            count += 1
-            self.one(case["body"], case.get("max_tokens"))
+            count += 1  # counted first: a failing example raises
+            if not self.one(case["body"], case.get("max_tokens")):
+                count -= 1
 
         with contextlib.suppress(*_END_OF_RUN):  # the failures are recorded, one by one
             hypothesis_seed(seed)(test)()
@@ -184,9 +208,10 @@ class _Protocol:
 
 def run(target: Target, plan: Plan) -> Report:
     notes = discover(target)
+    notes.append(probe_thinking(target, plan.protocols[0]))
     seed = plan.seed if plan.seed is not None else secrets.randbelow(2**32)
     report = Report(list(plan.protocols), PROPERTIES, seed=seed, notes=notes)
-    oracle = Oracle(target.model, target.tokenizer, target.template)
+    oracle = Oracle(target.model, target.tokenizer, target.template, target.default_thinking)
     if target.tokenizer is None:
         for p in plan.protocols:
             report.outcome("prompt_tokens", p).skip_reason = "no --tokenizer given"

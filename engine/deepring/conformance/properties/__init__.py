@@ -16,6 +16,7 @@ from typing import Any
 PROPERTIES: list[tuple[str, str]] = [
     ("sse_framing", "streams are well-formed SSE with JSON data and the protocol's terminator"),
     ("event_order", "the protocol's event order, with exactly one terminal event, last"),
+    # greedy requests only: thinking mode samples at temperature 1 (oracle.greedy)
     ("stream_agrees", "streamed and non-streamed results agree at temperature 0 with a seed"),
     ("stream_accumulates", "the object accumulated from a stream equals the non-streamed body"),
     ("usage_arithmetic", "total = prompt + completion, cached <= prompt, reasoning <= completion"),

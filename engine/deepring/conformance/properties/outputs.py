@@ -14,6 +14,8 @@ from deepring.conformance.properties import Verdicts
 # pass them on as text.
 MARKUP = ("｜DSML｜", "</think>")
 
+OPENER = "<｜DSML｜"  # how a tool-call block starts, V4 and V4.1
+
 # A finish that says the output was cut short: what it holds may be a prefix of a valid one.
 TRUNCATED = frozenset({"length", "max_tokens", "incomplete:max_output_tokens"})
 
@@ -66,7 +68,11 @@ def check_tool_choice(v: Verdicts, out: Output, forced: tuple | None, where: str
     if forced is None:
         return
     problems = []
-    if out.content.strip():
+    text = out.content.strip()
+    # Cut off by max tokens right after the "<" of the forced "<｜DSML｜..." block opener, the
+    # "<" is text: nothing has made it markup yet (the recipe flushes a held partial so).
+    cut_opener = out.finish in TRUNCATED and text and OPENER.startswith(text)
+    if text and not cut_opener:
         problems.append(f"text content {out.content[:80]!r} where a tool call is forced")
     if not out.tool_calls and out.finish not in TRUNCATED:
         problems.append(f"no tool call, finish {out.finish!r}")
