@@ -71,8 +71,8 @@ def add_conformance_command(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--max-shrinks",
         type=int,
-        default=60,
-        help="examples spent minimising failures, per protocol (default 60)",
+        default=30,
+        help="examples spent minimising failures, per protocol (default 30)",
     )
     p.add_argument("--timeout", type=float, default=120.0, help="seconds per request")
     p.set_defaults(func=_conformance)

@@ -1,5 +1,5 @@
-"""The expected side, from deepring_recipe: whether a body is a valid request at all, and how
-many tokens its prompt renders to.
+"""The expected side, from deepring_recipe: whether a body is a valid request at all, whether
+the server decodes it greedily, and how many tokens its prompt renders to.
 
 "Valid" is asked of every configuration a DeepSeek server may have (V4 or V4.1 template,
 thinking on or off by default): a body that no configuration converts must be refused by any
@@ -60,17 +60,13 @@ class Oracle:
             tok = Tokenizer.from_file(str(tokenizer))
             self.encodings = {t: ENCODINGS[t]().with_tokenizer(tok) for t in self.templates}
 
-    def _conversions(
-        self, protocol: str, body: Any, thinking: bool | None = None
-    ) -> list[tuple[str, Any]]:
-        """(template, ConversationRequest) of each configuration that converts the body (with
-        that thinking default only, unless None)."""
+    def _conversions(self, protocol: str, body: Any) -> list[tuple[str, bool, Any]]:
+        """(template, thinking default, ConversationRequest) of each configuration that
+        converts the body."""
         out = []
-        for (template, default), options in self.options.items():
-            if thinking is not None and default != thinking:
-                continue
+        for (template, thinking), options in self.options.items():
             try:
-                out.append((template, REQUESTS[protocol](body).convert(options)))
+                out.append((template, thinking, REQUESTS[protocol](body).convert(options)))
             except (ConversionError, ValueError, TypeError, OverflowError, RecursionError):
                 continue
         return out
@@ -78,24 +74,27 @@ class Oracle:
     def valid(self, protocol: str, body: Any) -> bool:
         return bool(self._conversions(protocol, body))
 
-    def greedy(self, protocol: str, body: Any) -> bool:
-        """Whether the body decodes greedily on the server: temperature 0 as the recipe
-        resolves it. Thinking mode samples at temperature 1 whatever the body says (DeepSeek's
-        rule, which the recipe applies), and then two runs of one request agree only where the
-        server's seeded sampling does not depend on what else it batches: more than any server
-        promises, so agreement is asked of greedy requests only."""
-        convs = self._conversions(protocol, body, self.default_thinking)
-        return bool(convs) and all(c.inference_options.temperature == 0 for _, c in convs)
+    def expect(self, protocol: str, body: Any) -> tuple[bool, set[int] | None]:
+        """For a valid body: (greedy, prompt counts).
 
-    def prompt_tokens(self, protocol: str, body: Any) -> set[int] | None:
-        """The prompt lengths the body renders to under the configurations that convert it
-        (None: no tokenizer, or no configuration converts it)."""
+        greedy: whether the server decodes it greedily, temperature 0 as the recipe resolves
+        it under the server's default thinking mode. Thinking mode samples at temperature 1
+        whatever the body says (DeepSeek's rule, which the recipe applies), and two sampled
+        runs agree only where the server honours the seed exactly: more than servers promise
+        (a seed is an extension on Responses and Messages), so agreement is asked of greedy
+        requests only.
+
+        prompt counts: the lengths the prompt renders to under the configurations that convert
+        it (None without a tokenizer)."""
+        convs = self._conversions(protocol, body)
+        mine = [c for _, thinking, c in convs if self.default_thinking in (None, thinking)]
+        greedy = bool(mine) and all(c.inference_options.temperature == 0 for c in mine)
         if not self.encodings:
-            return None
+            return greedy, None
         counts = set()
-        for template, conv in self._conversions(protocol, body):
+        for template, _, conv in convs:
             try:
                 counts.add(len(self.encodings[template].encode(conv.conversation)))
             except (ValueError, RuntimeError):
                 continue
-        return counts or None
+        return greedy, counts or None

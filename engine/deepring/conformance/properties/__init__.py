@@ -16,7 +16,7 @@ from typing import Any
 PROPERTIES: list[tuple[str, str]] = [
     ("sse_framing", "streams are well-formed SSE with JSON data and the protocol's terminator"),
     ("event_order", "the protocol's event order, with exactly one terminal event, last"),
-    # greedy requests only: thinking mode samples at temperature 1 (oracle.greedy)
+    # greedy requests only: thinking mode samples at temperature 1 (oracle.expect)
     ("stream_agrees", "streamed and non-streamed results agree at temperature 0 with a seed"),
     ("stream_accumulates", "the object accumulated from a stream equals the non-streamed body"),
     ("usage_arithmetic", "total = prompt + completion, cached <= prompt, reasoning <= completion"),
@@ -48,6 +48,11 @@ class Verdicts:
     def fail(self, name: str, message: str) -> None:
         self.applied.add(name)
         self.failed.setdefault(name, (message, self.request))
+
+    def merge(self, other: Verdicts) -> None:
+        self.applied |= other.applied
+        for name, failure in other.failed.items():
+            self.failed.setdefault(name, failure)
 
     def check(self, name: str, message: str | None) -> None:
         """Applied; failed when there is a message."""

@@ -150,7 +150,7 @@ def _messages_order(events: list[dict]) -> str | None:
 
 def check_agreement(v: Verdicts, streamed: Exchange, plain: Exchange, greedy: bool) -> None:
     """Both answers to the deterministic request (the streamed one and the plain one); greedy:
-    whether the server decodes it greedily (oracle.greedy). A sampled request's two answers
+    whether the server decodes it greedily (oracle.expect). A sampled request's two answers
     may differ: only the stream's agreement with its own final object is checked then."""
     if streamed.ok != plain.ok:
         v.fail(
