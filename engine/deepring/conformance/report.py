@@ -29,9 +29,12 @@ class Outcome:
         return PASS if self.checked else SKIP
 
     def record_failure(self, message: str, request: Any) -> None:
-        """Keep the smallest failing request seen: hypothesis tries smaller and smaller
-        examples once one fails, so the last small one is its shrunk example."""
         self.failed += 1
+        self.consider(message, request)
+
+    def consider(self, message: str, request: Any) -> None:
+        """Keep the smallest failing request seen (shrinking finds smaller ones; the last of
+        equal size is the most shrunk)."""
         size = len(request_text(request))
         if self.request_size < 0 or size <= self.request_size:
             self.message, self.request, self.request_size = message, request, size

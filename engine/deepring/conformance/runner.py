@@ -2,14 +2,14 @@
 deepring.conformance.bodies, valid and deliberately invalid), checks.Checker sends them, and
 every property's outcome goes into a Report.
 
-Every example checks every property that applies to it and records each failure; hypothesis
-is told only of the first, as an exception of that property's own class, so that it shrinks
-each failing property separately. The report keeps the smallest failing request each property
-saw (hypothesis only tries smaller examples once one fails). Shrinking is bounded
-(`max_shrinks` examples after the first failure of a protocol) since each example is a few
-round trips to the server. After the generated bodies, a few grammar-bounded ones
-(bodies.bounded) give the tool-choice and response-format properties finished outputs. The
-protocols run in parallel threads (the server batches them).
+A survey checks every property on every example and records each failure, raising nothing
+(hypothesis stops generating soon after a failure). Then each failing property is shrunk on
+its own: the survey is replayed (same seed, same examples) up to the first example that
+failed it, which now raises that property's own exception, and hypothesis shrinks it, within
+`max_shrinks` examples since each one is a few round trips to the server. The report keeps
+the smallest failing request of each property. After the generated bodies, a few
+grammar-bounded ones (bodies.bounded) give the tool-choice and response-format properties
+finished outputs. The protocols run in parallel threads (the server batches them).
 """
 
 from __future__ import annotations
@@ -49,9 +49,9 @@ class PropertyFailed(Exception):
 
 _FAILURES = {name: type(f"{name}_failed", (PropertyFailed,), {}) for name in NAMES}
 
-# What hypothesis may raise at the end of a run whose examples failed (the failures themselves
-# are in the report already): the failures, their group, or "flaky" when a shrunk example
-# passed on replay (a server is not a pure function, and past max_shrinks examples pass).
+# What hypothesis may raise at the end of a shrinking replay (the failures are in the report
+# already): the shrunk failure, or "flaky" (an exception group) when it passed when replayed
+# last (a server is no pure function, and past max_shrinks examples pass).
 try:
     _END_OF_RUN: tuple[type[BaseException], ...] = (
         PropertyFailed,
@@ -70,6 +70,19 @@ class Plan:
     examples: int = 100  # per protocol
     seed: int | None = None  # hypothesis' seed (None: a random one, reported)
     max_shrinks: int = 30
+
+
+def _settings(examples: int, phases: tuple[Phase, ...]) -> settings:
+    return settings(
+        max_examples=examples,
+        deadline=None,
+        database=None,
+        phases=phases,
+        suppress_health_check=list(HealthCheck),
+        report_multiple_bugs=False,
+        verbosity=Verbosity.quiet,
+        print_blob=False,
+    )
 
 
 def discover(target: Target) -> list[str]:
@@ -124,8 +137,6 @@ class _Protocol:
         self.protocol = protocol
         self.plan = plan
         self.report = report
-        self.failed_once = False
-        self.shrinks = 0
 
     def record(self, v: Verdicts) -> None:
         with _REPORT_LOCK:
@@ -135,20 +146,6 @@ class _Protocol:
                 if name in v.failed:
                     o.record_failure(*v.failed[name])
 
-    def one(self, body: object, max_tokens: int | None) -> bool:
-        """Check one example; whether it ran (not once the shrink budget is spent)."""
-        if self.failed_once:
-            self.shrinks += 1
-            if self.shrinks > self.plan.max_shrinks:
-                return False  # report what was found so far
-        v = self.checker.example(body, max_tokens)
-        self.record(v)
-        if v.failed:
-            self.failed_once = True
-            first = next(name for name in NAMES if name in v.failed)
-            raise _FAILURES[first](v.failed[first][0])
-        return True
-
     def run(self, seed: int) -> None:
         """The suite's generated bodies, then a few whose output a grammar bounds
         (bodies.bounded): the tool-choice and response-format properties need finished outputs,
@@ -156,7 +153,6 @@ class _Protocol:
         started = time.monotonic()
         count = self._hypothesis(request_cases(self.protocol), self.plan.examples, seed)
         bounded = max(BOUNDED_MIN, self.plan.examples // BOUNDED_SHARE)
-        self.failed_once, self.shrinks = False, 0  # a fresh shrink budget
         count += self._hypothesis(bounded_cases(self.protocol), bounded, seed)
         self.checker.close()
         if self.checker.load_dependent:
@@ -169,29 +165,56 @@ class _Protocol:
         self.report.seconds[self.protocol] = time.monotonic() - started
 
     def _hypothesis(self, strategy: st.SearchStrategy, examples: int, seed: int) -> int:
-        """Run `examples` examples of the strategy (and shrink failures); how many ran."""
-        count = 0
+        """`examples` examples of the strategy, every property checked on each and every
+        failure recorded; then each failing property shrunk on its own. How many ran.
 
-        @settings(
-            max_examples=examples,
-            deadline=None,
-            database=None,
-            phases=(Phase.generate, Phase.shrink),
-            suppress_health_check=list(HealthCheck),
-            report_multiple_bugs=True,
-            verbosity=Verbosity.quiet,
-            print_blob=False,
-        )
+        Nothing is raised while surveying: hypothesis stops generating soon after a test
+        fails, and one property's failure must not cut the others' examples short."""
+        first: dict[str, int] = {}  # property: the index of the first example it failed
+        index = 0
+
+        @_settings(examples, (Phase.generate,))
         @given(strategy)
-        def test(case: dict) -> None:
-            nonlocal count
-            count += 1  # counted first: a failing example raises
-            if not self.one(case["body"], case.get("max_tokens")):
-                count -= 1
+        def survey(case: dict) -> None:
+            nonlocal index
+            v = self.checker.example(case["body"], case.get("max_tokens"))
+            self.record(v)
+            for name in v.failed:
+                first.setdefault(name, index)
+            index += 1
 
-        with contextlib.suppress(*_END_OF_RUN):  # the failures are recorded, one by one
-            hypothesis_seed(seed)(test)()
-        return count
+        hypothesis_seed(seed)(survey)()
+        for name in NAMES:
+            if name in first:
+                self._shrink(strategy, examples, seed, name, first[name])
+        return index
+
+    def _shrink(
+        self, strategy: st.SearchStrategy, examples: int, seed: int, name: str, at: int
+    ) -> None:
+        """Replay the survey (the same seed and max_examples draw the same examples in the
+        same order; another max_examples would not) without sending the examples before `at`,
+        the first that failed `name`; from there on, fail on `name` alone so that hypothesis
+        shrinks it, for at most max_shrinks examples. Best effort: when the replayed example
+        passes this time, the survey's smallest failure stands."""
+        index = spent = 0
+
+        @_settings(examples, (Phase.generate, Phase.shrink))
+        @given(strategy)
+        def replay(case: dict) -> None:
+            nonlocal index, spent
+            index += 1
+            if index <= at or spent >= self.plan.max_shrinks:
+                return
+            spent += 1
+            v = self.checker.example(case["body"], case.get("max_tokens"))
+            if name in v.failed:
+                with _REPORT_LOCK:
+                    self.report.outcome(name, self.protocol).consider(*v.failed[name])
+                raise _FAILURES[name](v.failed[name][0])
+
+        with contextlib.suppress(*_END_OF_RUN):  # recorded above
+            hypothesis_seed(seed)(replay)()
 
     def fixed(self, target: Target) -> None:
         """The checks that run once: a prompt beyond the context, a repeated long prompt."""
