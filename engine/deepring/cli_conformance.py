@@ -26,7 +26,17 @@ def add_conformance_command(sub: argparse._SubParsersAction) -> None:
         default="chat,responses,messages",
         help="comma-separated: chat, responses, messages (default: all)",
     )
-    p.add_argument("--examples", type=int, default=100, help="examples per protocol (default 100)")
+    p.add_argument(
+        "--examples", type=int, default=100, help="generated examples per protocol (default 100)"
+    )
+    p.add_argument(
+        "--bounded-examples",
+        type=int,
+        default=None,
+        metavar="N",
+        help="grammar-bounded examples per protocol (a forced tool call or a json_schema "
+        "output, tens of tokens each; default: one per 20 examples, at least 6; 0: none)",
+    )
     p.add_argument(
         "--seed", type=int, default=None, help="hypothesis seed (default: random, printed)"
     )
@@ -96,6 +106,9 @@ def _conformance(args: argparse.Namespace) -> int:
     if args.examples < 1 or args.max_tokens < 1:
         print("--examples and --max-tokens must be >= 1", file=sys.stderr)
         return 2
+    if (args.bounded_examples or 0) < 0 or args.max_shrinks < 0:
+        print("--bounded-examples and --max-shrinks must be >= 0", file=sys.stderr)
+        return 2
     target = Target(
         base_url=args.base_url,
         api_key=args.api_key,
@@ -108,7 +121,7 @@ def _conformance(args: argparse.Namespace) -> int:
         prefix_cache=args.prefix_cache,
         timeout=args.timeout,
     )
-    plan = Plan(protocols, args.examples, args.seed, args.max_shrinks)
+    plan = Plan(protocols, args.examples, args.seed, args.max_shrinks, args.bounded_examples)
     try:
         report = run(target, plan)
     except (ValueError, OSError) as e:

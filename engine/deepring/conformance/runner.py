@@ -37,10 +37,14 @@ from deepring.conformance.wire import Client
 
 PROTOCOLS = ("chat", "responses", "messages")
 _REPORT_LOCK = threading.Lock()  # the report is shared by the protocols' threads
-# Grammar-bounded examples per protocol: one per BOUNDED_SHARE generated ones, at least
-# BOUNDED_MIN (each of the three kinds, json_schema / required / named, likely drawn).
+# Grammar-bounded examples per protocol by default: one per BOUNDED_SHARE generated ones, at
+# least BOUNDED_MIN (each of the three kinds, json_schema / required / named, likely drawn).
 BOUNDED_SHARE = 20
 BOUNDED_MIN = 6
+
+
+def default_bounded(examples: int) -> int:
+    return max(BOUNDED_MIN, examples // BOUNDED_SHARE)
 
 
 class PropertyFailed(Exception):
@@ -70,6 +74,7 @@ class Plan:
     examples: int = 100  # per protocol
     seed: int | None = None  # hypothesis' seed (None: a random one, reported)
     max_shrinks: int = 30
+    bounded: int | None = None  # grammar-bounded examples per protocol (None: default_bounded)
 
 
 def _settings(examples: int, phases: tuple[Phase, ...]) -> settings:
@@ -152,8 +157,11 @@ class _Protocol:
         which the generated bodies rarely ask for. Few, since each is tens of tokens."""
         started = time.monotonic()
         count = self._hypothesis(request_cases(self.protocol), self.plan.examples, seed)
-        bounded = max(BOUNDED_MIN, self.plan.examples // BOUNDED_SHARE)
-        count += self._hypothesis(bounded_cases(self.protocol), bounded, seed)
+        bounded = self.plan.bounded
+        if bounded is None:
+            bounded = default_bounded(self.plan.examples)
+        if bounded > 0:
+            count += self._hypothesis(bounded_cases(self.protocol), bounded, seed)
         self.checker.close()
         if self.checker.load_dependent:
             self.report.notes.append(
@@ -185,7 +193,7 @@ class _Protocol:
 
         hypothesis_seed(seed)(survey)()
         for name in NAMES:
-            if name in first:
+            if name in first and self.plan.max_shrinks > 0:
                 self._shrink(strategy, examples, seed, name, first[name])
         return index
 
