@@ -84,6 +84,12 @@ def add_conformance_command(sub: argparse._SubParsersAction) -> None:
         default=30,
         help="examples spent minimising failures, per protocol (default 30)",
     )
+    p.add_argument(
+        "--concurrency",
+        type=int,
+        default=2,
+        help="threads per protocol, each with its share of the examples (default 2)",
+    )
     p.add_argument("--timeout", type=float, default=120.0, help="seconds per request")
     p.set_defaults(func=_conformance)
 
@@ -106,6 +112,9 @@ def _conformance(args: argparse.Namespace) -> int:
     if args.examples < 1 or args.max_tokens < 1:
         print("--examples and --max-tokens must be >= 1", file=sys.stderr)
         return 2
+    if args.concurrency < 1:
+        print("--concurrency must be >= 1", file=sys.stderr)
+        return 2
     if (args.bounded_examples or 0) < 0 or args.max_shrinks < 0:
         print("--bounded-examples and --max-shrinks must be >= 0", file=sys.stderr)
         return 2
@@ -121,7 +130,14 @@ def _conformance(args: argparse.Namespace) -> int:
         prefix_cache=args.prefix_cache,
         timeout=args.timeout,
     )
-    plan = Plan(protocols, args.examples, args.seed, args.max_shrinks, args.bounded_examples)
+    plan = Plan(
+        protocols,
+        args.examples,
+        args.seed,
+        args.max_shrinks,
+        args.bounded_examples,
+        args.concurrency,
+    )
     try:
         report = run(target, plan)
     except (ValueError, OSError) as e:

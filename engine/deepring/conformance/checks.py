@@ -10,6 +10,7 @@ context, a repeated long prompt) run once per protocol.
 from __future__ import annotations
 
 import contextlib
+import json
 import secrets
 import threading
 from collections.abc import Iterator
@@ -181,15 +182,16 @@ class Checker:
     def oversize(self, context: int) -> Verdicts:
         """A prompt of more tokens than the context holds ("hello " is at least one token)."""
         v = Verdicts()
-        body = variants.text_body(self.protocol, self.t.model, "hello " * (context + 16), 16)
-        ex = self._send(v, body)
+        words = context + 16
+        body = variants.text_body(self.protocol, self.t.model, "hello " * words, 16)
+        with self.gate.shared():
+            ex = self.client.post(self.protocol, body)
+        # what a failure shows: the body in short
+        short = variants.text_body(self.protocol, self.t.model, f"hello x {words}", 16)
+        v.request = f"{json.dumps(short)} (the text: 'hello ' {words} times)"
         perrors.check_refused(
             v, "oversize_prompt", ex, f"a prompt beyond the {context}-token context"
         )
-        # what the message shows: the body in short (it is long)
-        v.failed = {
-            k: (m, {**body, "...": "(hello x context+16)"}) for k, (m, _) in v.failed.items()
-        }
         return v
 
     def cache(self, context: int | None) -> Verdicts:

@@ -9,7 +9,8 @@ failed it, which now raises that property's own exception, and hypothesis shrink
 `max_shrinks` examples since each one is a few round trips to the server. The report keeps
 the smallest failing request of each property. After the generated bodies, a few
 grammar-bounded ones (bodies.bounded) give the tool-choice and response-format properties
-finished outputs. The protocols run in parallel threads (the server batches them).
+finished outputs. Each protocol runs in `concurrency` threads, each with its share of the
+examples under its own seed (the server batches their requests).
 """
 
 from __future__ import annotations
@@ -75,6 +76,9 @@ class Plan:
     seed: int | None = None  # hypothesis' seed (None: a random one, reported)
     max_shrinks: int = 30
     bounded: int | None = None  # grammar-bounded examples per protocol (None: default_bounded)
+    # Threads per protocol, each with its share of the examples (its own hypothesis seed):
+    # a server batches concurrent requests, so more in flight run faster.
+    concurrency: int = 2
 
 
 def _settings(examples: int, phases: tuple[Phase, ...]) -> settings:
@@ -132,16 +136,33 @@ def probe_thinking(target: Target, protocol: str) -> str:
     return f"default thinking {mode} (probed: a request without a thinking field)"
 
 
-class _Protocol:
-    """One protocol's run: the hypothesis test and its bookkeeping."""
+def _share(total: int, parts: int, part: int) -> int:
+    """Part `part` of `total` split in `parts` (the first parts take the remainder)."""
+    return total // parts + (part < total % parts)
+
+
+class _Part:
+    """One thread of a protocol's run (`Plan.concurrency` per protocol): its share of the
+    examples under its own hypothesis seed, and the bookkeeping."""
 
     def __init__(
-        self, target: Target, protocol: str, oracle: Oracle, plan: Plan, report: Report, gate: Gate
+        self,
+        target: Target,
+        protocol: str,
+        part: int,
+        oracle: Oracle,
+        plan: Plan,
+        report: Report,
+        gate: Gate,
+        claimed: set[tuple[str, str]],
     ):
         self.checker = Checker(target, protocol, oracle, gate)
         self.protocol = protocol
+        self.part = part
         self.plan = plan
         self.report = report
+        # (property, protocol) that a part shrinks: one part each, the first to get there
+        self.claimed = claimed
 
     def record(self, v: Verdicts) -> None:
         with _REPORT_LOCK:
@@ -151,26 +172,25 @@ class _Protocol:
                 if name in v.failed:
                     o.record_failure(*v.failed[name])
 
-    def run(self, seed: int) -> None:
+    def run(self, seed: int) -> tuple[int, float, int]:
         """The suite's generated bodies, then a few whose output a grammar bounds
         (bodies.bounded): the tool-choice and response-format properties need finished outputs,
-        which the generated bodies rarely ask for. Few, since each is tens of tokens."""
+        which the generated bodies rarely ask for. Few, since each is tens of tokens.
+        (examples run, seconds, load-dependent pairs)."""
         started = time.monotonic()
-        count = self._hypothesis(request_cases(self.protocol), self.plan.examples, seed)
+        if self.part == 0:
+            self.fixed()
+        parts, seed = self.plan.concurrency, seed + self.part
+        examples = _share(self.plan.examples, parts, self.part)
+        count = self._hypothesis(request_cases(self.protocol), examples, seed) if examples else 0
         bounded = self.plan.bounded
         if bounded is None:
             bounded = default_bounded(self.plan.examples)
+        bounded = _share(bounded, parts, self.part)
         if bounded > 0:
             count += self._hypothesis(bounded_cases(self.protocol), bounded, seed)
         self.checker.close()
-        if self.checker.load_dependent:
-            self.report.notes.append(
-                f"{self.protocol}: {self.checker.load_dependent} streamed / non-streamed pair(s) "
-                "differed next to the run's other requests and agreed when sent alone: the "
-                "server's output depends on what it batches"
-            )
-        self.report.examples[self.protocol] = count
-        self.report.seconds[self.protocol] = time.monotonic() - started
+        return count, time.monotonic() - started, self.checker.load_dependent
 
     def _hypothesis(self, strategy: st.SearchStrategy, examples: int, seed: int) -> int:
         """`examples` examples of the strategy, every property checked on each and every
@@ -193,9 +213,16 @@ class _Protocol:
 
         hypothesis_seed(seed)(survey)()
         for name in NAMES:
-            if name in first and self.plan.max_shrinks > 0:
+            if name in first and self.plan.max_shrinks > 0 and self._claim(name):
                 self._shrink(strategy, examples, seed, name, first[name])
         return index
+
+    def _claim(self, name: str) -> bool:
+        with _REPORT_LOCK:
+            if (name, self.protocol) in self.claimed:
+                return False
+            self.claimed.add((name, self.protocol))
+            return True
 
     def _shrink(
         self, strategy: st.SearchStrategy, examples: int, seed: int, name: str, at: int
@@ -224,9 +251,9 @@ class _Protocol:
         with contextlib.suppress(*_END_OF_RUN):  # recorded above
             hypothesis_seed(seed)(replay)()
 
-    def fixed(self, target: Target) -> None:
+    def fixed(self) -> None:
         """The checks that run once: a prompt beyond the context, a repeated long prompt."""
-        p = self.protocol
+        p, target = self.protocol, self.checker.t
         if target.context_length is not None:
             self.record(self.checker.oversize(target.context_length))
         else:
@@ -260,9 +287,22 @@ def run(target: Target, plan: Plan) -> Report:
         for p in plan.protocols:
             report.outcome("response_format", p).skip_reason = "jsonschema is not installed"
     gate = Gate()
-    runs = [_Protocol(target, p, oracle, plan, report, gate) for p in plan.protocols]
+    claimed: set[tuple[str, str]] = set()
+    runs = [
+        _Part(target, p, part, oracle, plan, report, gate, claimed)
+        for p in plan.protocols
+        for part in range(plan.concurrency)
+    ]
     with ThreadPoolExecutor(len(runs)) as pool:
-        for r in runs:
-            r.fixed(target)
-        list(pool.map(lambda r: r.run(seed), runs))
+        results = list(pool.map(lambda r: r.run(seed), runs))
+    for r, (count, seconds, load_dependent) in zip(runs, results, strict=True):
+        p = r.protocol
+        report.examples[p] = report.examples.get(p, 0) + count
+        report.seconds[p] = max(report.seconds.get(p, 0.0), seconds)
+        if load_dependent:
+            report.notes.append(
+                f"{p}: {load_dependent} streamed / non-streamed pair(s) differed next to the "
+                "run's other requests and agreed when sent alone: the server's output depends "
+                "on what it batches"
+            )
     return report

@@ -77,9 +77,11 @@ def text_body(protocol: str, model: str, text: str, max_tokens: int) -> dict:
     """The simplest valid request: one user message."""
     if protocol == "responses":
         return {"model": model, "input": text, "max_output_tokens": max_tokens}
-    user = [{"role": "user", "content": text}]
-    key = "max_tokens"
-    return {"model": model, "messages": user, key: max_tokens}
+    return {
+        "model": model,
+        "messages": [{"role": "user", "content": text}],
+        "max_tokens": max_tokens,
+    }
 
 
 def tool_names(protocol: str, body: dict) -> set[str]:
