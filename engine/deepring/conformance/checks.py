@@ -90,6 +90,9 @@ class Checker:
     """Checks examples of one protocol (one per thread: it owns an HTTP connection)."""
 
     def __init__(self, target: Target, protocol: str, oracle: Oracle, gate: Gate) -> None:
+        if target.model is None:
+            raise ValueError("no model to request: runner.discover names it")
+        self.model: str = target.model
         self.t = target
         self.protocol = protocol
         self.oracle = oracle
@@ -111,7 +114,7 @@ class Checker:
         (default: the target's)."""
         v = Verdicts()
         p = self.protocol
-        body = variants.point_at(body, self.t.model)
+        body = variants.point_at(body, self.model)
         if not self.oracle.valid(p, body):
             ex = self._send(v, body)
             perrors.check_refused(v, "invalid_refused", ex, "a body deepring_recipe refuses")
@@ -183,11 +186,11 @@ class Checker:
         """A prompt of more tokens than the context holds ("hello " is at least one token)."""
         v = Verdicts()
         words = context + 16
-        body = variants.text_body(self.protocol, self.t.model, "hello " * words, 16)
+        body = variants.text_body(self.protocol, self.model, "hello " * words, 16)
         with self.gate.shared():
             ex = self.client.post(self.protocol, body)
         # what a failure shows: the body in short
-        short = variants.text_body(self.protocol, self.t.model, f"hello x {words}", 16)
+        short = variants.text_body(self.protocol, self.model, f"hello x {words}", 16)
         v.request = f"{json.dumps(short)} (the text: 'hello ' {words} times)"
         perrors.check_refused(
             v, "oversize_prompt", ex, f"a prompt beyond the {context}-token context"
@@ -201,7 +204,7 @@ class Checker:
         text = f"{secrets.token_hex(8)} " + " ".join(f"item {i % 97}" for i in range(words // 2))
         body = variants.twin(
             self.protocol,
-            variants.text_body(self.protocol, self.t.model, text, 1),
+            variants.text_body(self.protocol, self.model, text, 1),
             False,
             1,
             self.t.seed,

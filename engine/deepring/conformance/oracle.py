@@ -24,13 +24,16 @@ from deepring_recipe import (
     Tokenizer,
 )
 
-REQUESTS = {
+REQUESTS: dict[str, type[ChatCompletionRequest | ResponsesRequest | MessagesRequest]] = {
     "chat": ChatCompletionRequest,
     "responses": ResponsesRequest,
     "messages": MessagesRequest,
 }
 VERSIONS = {"v4": ModelVersion.DeepseekV4Pro, "v41": ModelVersion.DeepseekV41Flash}
-ENCODINGS = {"v4": DeepseekV4Encoding, "v41": DeepseekV41Encoding}
+ENCODINGS: dict[str, type[DeepseekV4Encoding | DeepseekV41Encoding]] = {
+    "v4": DeepseekV4Encoding,
+    "v41": DeepseekV41Encoding,
+}
 
 
 class Oracle:

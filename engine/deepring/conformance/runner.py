@@ -109,21 +109,21 @@ def discover(target: Target) -> list[str]:
         if not isinstance(first.get("id"), str):
             raise ValueError("GET /v1/models names no model: pass --model")
         target.model = first["id"]
-        notes.append(f"model {target.model!r} (from GET /v1/models)")
+        notes.append(f"model {first['id']!r} (from GET /v1/models)")
     if target.context_length is None and isinstance(first.get("max_model_len"), int):
         target.context_length = first["max_model_len"]
         notes.append(f"context length {target.context_length} (max_model_len of GET /v1/models)")
     return notes
 
 
-def probe_thinking(target: Target, protocol: str) -> str:
+def probe_thinking(target: Target, model: str, protocol: str) -> str:
     """The server's thinking mode for requests that do not choose: a thinking model's output
     starts as reasoning (its prompt ends inside <think>), so a short answer to a request
     without a thinking field has reasoning exactly when the default is on. A note for the
     report."""
     client = Client(target.base_url, target.api_key, target.timeout)
     try:
-        ex = client.post(protocol, variants.text_body(protocol, target.model, "Say hello.", 4))
+        ex = client.post(protocol, variants.text_body(protocol, model, "Say hello.", 4))
     finally:
         client.close()
     if not ex.ok:
@@ -274,10 +274,13 @@ class _Part:
 
 def run(target: Target, plan: Plan) -> Report:
     notes = discover(target)
-    notes.append(probe_thinking(target, plan.protocols[0]))
+    model = target.model
+    if model is None:  # discover names it or raises
+        raise ValueError("no model to request: pass --model")
+    notes.append(probe_thinking(target, model, plan.protocols[0]))
     seed = plan.seed if plan.seed is not None else secrets.randbelow(2**32)
     report = Report(list(plan.protocols), PROPERTIES, seed=seed, notes=notes)
-    oracle = Oracle(target.model, target.tokenizer, target.template, target.default_thinking)
+    oracle = Oracle(model, target.tokenizer, target.template, target.default_thinking)
     if target.tokenizer is None:
         for p in plan.protocols:
             report.outcome("prompt_tokens", p).skip_reason = "no --tokenizer given"

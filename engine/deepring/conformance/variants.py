@@ -104,10 +104,11 @@ def forced_tool(protocol: str, body: dict) -> tuple[str, str | None] | None:
     """("required", None) or ("named", name) when the body forces a tool call."""
     choice = body.get("tool_choice")
     if protocol == "messages":
-        kind = choice.get("type") if isinstance(choice, dict) else None
-        if kind == "any":
+        if not isinstance(choice, dict):
+            return None
+        if choice.get("type") == "any":
             return ("required", None)
-        if kind == "tool":
+        if choice.get("type") == "tool":
             return ("named", choice.get("name"))
         return None
     if choice == "required":

@@ -89,12 +89,13 @@ class Client:
         return h
 
     def get_json(self, path: str) -> Any:
-        """GET a JSON document; None when it cannot be had (the route is optional)."""
+        """GET a JSON document; None when the server has none there (the route is optional).
+        OSError when the server cannot be reached."""
         try:
-            status, _, raw = self._round_trip("GET", path, None, {})
-        except (OSError, http.client.HTTPException):
+            status, _, raw = self._round_trip("GET", self.prefix + path, None, self.headers(""))
+        except (OSError, http.client.HTTPException) as e:
             self.close()
-            return None
+            raise OSError(f"cannot reach {self.host}:{self.port}: {e}") from e
         if status != 200:
             return None
         try:

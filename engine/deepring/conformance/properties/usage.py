@@ -21,15 +21,16 @@ def check_arithmetic(v: Verdicts, usage: Usage | None, where: str, max_tokens: i
     for name, value in {"total": u.total, "cached": u.cached, "reasoning": u.reasoning}.items():
         if value is not None and value < 0:
             problems.append(f"{name} tokens {value} < 0")
-    if not problems:
-        if u.total is not None and u.total != u.prompt + u.completion:
-            problems.append(f"total {u.total} != prompt {u.prompt} + completion {u.completion}")
-        if u.cached is not None and u.cached > u.prompt:
-            problems.append(f"cached {u.cached} > prompt {u.prompt}")
-        if u.reasoning is not None and u.reasoning > u.completion:
-            problems.append(f"reasoning {u.reasoning} > completion {u.completion}")
-        if max_tokens is not None and u.completion > max_tokens:
-            problems.append(f"completion {u.completion} > max tokens {max_tokens}")
+    prompt, completion = u.prompt, u.completion
+    if not problems and prompt is not None and completion is not None:
+        if u.total is not None and u.total != prompt + completion:
+            problems.append(f"total {u.total} != prompt {prompt} + completion {completion}")
+        if u.cached is not None and u.cached > prompt:
+            problems.append(f"cached {u.cached} > prompt {prompt}")
+        if u.reasoning is not None and u.reasoning > completion:
+            problems.append(f"reasoning {u.reasoning} > completion {completion}")
+        if max_tokens is not None and completion > max_tokens:
+            problems.append(f"completion {completion} > max tokens {max_tokens}")
     v.check("usage_arithmetic", f"{where}: {'; '.join(problems)} in {u.raw}" if problems else None)
 
 
