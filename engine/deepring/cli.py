@@ -1,5 +1,5 @@
 """`deepring` command line: serve | frontend | prefill | decode | generate | bench | simulate |
-kv-store | ring-keys."""
+kv-store | ring-keys | conformance."""
 
 from __future__ import annotations
 
@@ -130,7 +130,7 @@ def _add_generate(sub: argparse._SubParsersAction) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from deepring import cli_kv_store, cli_sched, cli_security, cli_serve
+    from deepring import cli_conformance, cli_kv_store, cli_sched, cli_security, cli_serve
 
     parser = argparse.ArgumentParser(prog="deepring", description=__doc__)
     parser.add_argument("--version", action="version", version=_version_line())
@@ -141,6 +141,7 @@ def build_parser() -> argparse.ArgumentParser:
     cli_sched.add_simulate_command(sub)
     cli_kv_store.add_kv_store_command(sub)
     cli_security.add_ring_keys_command(sub)
+    cli_conformance.add_conformance_command(sub)
     return parser
 
 

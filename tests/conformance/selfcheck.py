@@ -30,9 +30,9 @@ sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent / "fixtures"))
 
 import deepseek_recipe as official  # noqa: E402
-import strategies_requests as sr  # noqa: E402
 import strategies_streams as ss  # noqa: E402
 import summary as S  # noqa: E402
+from deepring.conformance import bodies as sr  # noqa: E402
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 from v41_tokenizer import write_fixture  # noqa: E402

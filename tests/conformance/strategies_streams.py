@@ -29,8 +29,8 @@ import itertools
 import json
 from typing import Any
 
+from deepring.conformance.bodies import CHARS, chance
 from hypothesis import strategies as st
-from strategies_requests import CHARS, chance
 
 V4_TAGS = ("tool_calls", "invoke", "parameter")
 V41_TAGS = (" calls", " invoke", " parameter")

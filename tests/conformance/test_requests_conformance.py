@@ -21,8 +21,8 @@ import os
 import deepring_recipe as ours
 import deepseek_recipe as official
 import pytest
-import strategies_requests as sr
 import summary as S
+from deepring.conformance import bodies as sr
 from hypothesis import HealthCheck, given, note, settings
 from hypothesis import strategies as st
 

@@ -110,6 +110,25 @@ def test_no_cycle_between_packages():
             "spec",
             {"core", "worker", "frontend", "model", "cache", "routing", "ipc", "protocol"},
         ),
+        # `deepring conformance` checks a server from outside, with deepring_recipe as the
+        # reference: it never shares the serving code it checks, nor needs torch.
+        (
+            "conformance",
+            {
+                "frontend",
+                "worker",
+                "core",
+                "model",
+                "kernels",
+                "cache",
+                "routing",
+                "ipc",
+                "protocol",
+                "structured",
+                "sampling",
+                "ext:torch",
+            },
+        ),
         # The step-time model is shared by workers, routers and the simulator: numpy only.
         (
             "cost",

@@ -1,4 +1,4 @@
-"""ConversionOptions specs (the plain-data form `summary.build_options` reads)."""
+"""ConversionOptions specs (the plain-data form tests/conformance/summary `build_options` reads)."""
 
 from __future__ import annotations
 

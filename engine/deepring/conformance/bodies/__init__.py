@@ -2,7 +2,7 @@
 
 `request_cases(protocol)` draws {"protocol", "body", "options"}: a request body (a dict, or its
 JSON as str or bytes) for OpenAI Chat Completions ("chat"), OpenAI Responses ("responses") or
-Anthropic Messages ("messages"), and a ConversionOptions spec (see `summary.build_options`).
+Anthropic Messages ("messages"), and a ConversionOptions spec (tests/conformance/summary builds it).
 
 How a case is drawn:
 
@@ -25,7 +25,12 @@ Modules: `values` (text and JSON values), `option_specs` (ConversionOptions spec
 `context` (the per-case `Ctx` and `FAULTS`), `schemas` (JSON schemas and abstract tools),
 `images`, `script` (the abstract conversation script), `fields` (options shared by the
 protocols), `chat` / `responses` / `messages` (one protocol's bodies), `mutation` (the generic
-mutation), `cases` (`request_cases`). What other modules use is re-exported here.
+mutation), `cases` (`request_cases`), `bounded` (requests whose output a grammar-enforcing
+server finishes in a few tokens: `deepring conformance` only). What other modules use is
+re-exported here.
+
+The conformance tests (tests/conformance) and `deepring conformance` (deepring.conformance)
+both draw from here.
 """
 
 from .cases import request_cases

@@ -1,0 +1,113 @@
+"""`deepring conformance` (issue 24) against a real `deepring serve`, which must pass, and
+against a broken proxy in front of it (broken_proxy.py), where each corruption must make the
+run fail and name the property it breaks."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import xml.etree.ElementTree as ET
+
+import pytest
+from broken_proxy import BrokenProxy
+from e2e_helpers import deepring_command
+
+# A known server bug this tool found, allowed here until it is fixed (see the issue 24 report):
+# the recipe's reasoning_tokens is the reasoning text encoded again, and a random-weight
+# model's tokens are often not the tokenizer's own encoding of their text, so the count can
+# exceed completion_tokens (crates/recipe/src/stream/processor.rs, `usage`). Only Chat and
+# Responses report reasoning tokens.
+KNOWN = {("usage_arithmetic", "chat"), ("usage_arithmetic", "responses")}
+KNOWN_MESSAGE = re.compile(r"reasoning \d+ > completion \d+")
+
+# What every run against deepring serve must have checked (not skipped) on every protocol.
+CHECKED = [
+    "sse_framing",
+    "event_order",
+    "stream_agrees",
+    "stream_accumulates",
+    "usage_arithmetic",
+    "prompt_tokens",
+    "no_markup",
+    "error_shape",
+    "invalid_refused",
+    "unknown_model",
+    "oversize_prompt",
+    "prefix_cache",
+]
+
+
+def conformance(url: str, tmp_path, tokenizer, *args: str) -> tuple[int, str, dict]:
+    """Run the CLI; (exit code, stdout, {(property, protocol): (status, message)})."""
+    junit = tmp_path / "junit.xml"
+    cmd = [*deepring_command(), "conformance", "--base-url", url, "--junit", str(junit)]
+    cmd += ["--tokenizer", str(tokenizer), "--seed", "11", *args]
+    run = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
+    assert run.returncode in (0, 1), run.stdout + run.stderr
+    cases = {}
+    for case in ET.parse(junit).getroot().iter("testcase"):
+        failure, skipped = case.find("failure"), case.find("skipped")
+        status = "fail" if failure is not None else "skip" if skipped is not None else "pass"
+        message = failure.get("message") if failure is not None else ""
+        cases[(case.get("name"), case.get("classname"))] = (status, message)
+    return run.returncode, run.stdout, cases
+
+
+def test_passes_against_deepring_serve(base_url, tmp_path, v41_tokenizer_path):
+    code, out, cases = conformance(base_url, tmp_path, v41_tokenizer_path, "--examples", "40")
+    failed = {k: m for k, (s, m) in cases.items() if s == "fail"}
+    unexpected = {k: m for k, m in failed.items() if k not in KNOWN or not KNOWN_MESSAGE.search(m)}
+    assert not unexpected, out
+    assert code == (1 if failed else 0), out
+    for prop in CHECKED:
+        for protocol in ("chat", "responses", "messages"):
+            assert cases[(prop, protocol)][0] != "skip", f"{prop} [{protocol}] skipped:\n{out}"
+    # the grammar-bounded requests finish, so these are checked somewhere in a run this size
+    for prop in ("tool_calls", "tool_choice", "response_format"):
+        assert any(cases[(prop, p)][0] == "pass" for p in ("chat", "responses", "messages")), out
+    assert re.search(r"^prefix_cache +pass \(\d+\) +pass \(\d+\) +pass \(\d+\)$", out, re.M), out
+
+
+@pytest.fixture
+def proxy(request, base_url):
+    p = BrokenProxy(base_url, request.param)
+    yield p
+    p.close()
+
+
+# mode: (protocols to run, {(property, protocol) that must fail}, what the message must say)
+BROKEN = {
+    "drop_done": ("chat", {("sse_framing", "chat")}, "[DONE]"),
+    "corrupt_delta": (
+        "chat,responses,messages",
+        {("stream_agrees", p) for p in ("chat", "responses", "messages")},
+        "X",
+    ),
+    "wrong_usage": (
+        "chat,responses,messages",
+        {("prompt_tokens", p) for p in ("chat", "responses", "messages")}
+        | {("usage_arithmetic", "chat"), ("usage_arithmetic", "responses")},
+        "prompt",
+    ),
+    "leak_dsml": (
+        "chat,responses,messages",
+        {("no_markup", p) for p in ("chat", "responses", "messages")},
+        "｜DSML｜",
+    ),
+}
+
+
+@pytest.mark.parametrize("proxy", list(BROKEN), indirect=True)
+def test_each_corruption_is_caught_and_named(proxy, tmp_path, v41_tokenizer_path):
+    protocols, must_fail, said = BROKEN[proxy.mode]
+    # no shrinking nor grammar-bounded examples: what is under test is that each corruption
+    # is caught and named
+    args = ("--protocols", protocols, "--examples", "8", "--max-shrinks", "0")
+    args += ("--bounded-examples", "0")
+    code, out, cases = conformance(proxy.url, tmp_path, v41_tokenizer_path, *args)
+    assert code == 1, out
+    for prop, protocol in must_fail:
+        status, message = cases[(prop, protocol)]
+        assert status == "fail", f"{prop} [{protocol}] not caught:\n{out}"
+        assert said in message, out
+        assert f"FAIL {prop} [{protocol}]" in out  # named in the printed summary too
