@@ -240,3 +240,30 @@ def test_every_generated_token_counts_even_an_unfinished_character(
     assert usage["completion_tokens" if protocol == "chat" else "output_tokens"] == sum(
         len(g) for g in groups
     )
+
+
+@pytest.mark.parametrize("protocol", ["chat", "responses"])
+def test_reasoning_tokens_never_exceed_the_completions(protocol, tokenizer, v41_tokenizer_path):
+    """recipe/DEVIATIONS.md R6: reasoning ids whose text re-encodes to more tokens than were
+    generated (the official counts the re-encoding: 9 > 8 against a random model) report
+    reasoning_tokens = completion_tokens with token-id input; text input keeps the count."""
+    from tokenizers import Tokenizer
+
+    hf = Tokenizer.from_file(str(v41_tokenizer_path))
+    triples = ([i, i + 100_003, i + 7_919] for i in range(300, 20_000, 997))
+    ids = next(t for t in triples if len(hf.encode(hf.decode(t), add_special_tokens=False).ids) > 3)
+    facts = {"stage": "ReasoningStart", "tools": [], "required": False, "json": False, "stops": []}
+    case = {"facts": facts, "finish": "Length"}
+    chunking = {"mode": "tokens", "groups": [[ids, None]]}
+    usage = run(protocol, case, parsing_options(facts, {}), chunking, tokenizer)["text"]["usage"]
+    total, details = (
+        ("completion_tokens", "completion_tokens_details")
+        if protocol == "chat"
+        else ("output_tokens", "output_tokens_details")
+    )
+    assert usage[total] == 3
+    assert usage[details]["reasoning_tokens"] == 3
+    text = hf.decode(ids)
+    chunking = {"mode": "text", "pieces": [[text, 3]]}
+    usage = run(protocol, case, parsing_options(facts, {}), chunking, tokenizer)["text"]["usage"]
+    assert usage[details]["reasoning_tokens"] == len(hf.encode(text, add_special_tokens=False).ids)

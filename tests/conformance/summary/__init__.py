@@ -35,6 +35,7 @@ from .deviations import (
     adjust_for_deviations,
     check_deviation_expectations,
     has_max_completion_tokens,
+    reasoning_capped,
     strict_defs_deviation,
     verbosity_as_ours,
 )
@@ -69,6 +70,7 @@ __all__ = [
     "merge_deltas",
     "outcome_label",
     "parsing_summary",
+    "reasoning_capped",
     "reduce_events",
     "request_summary",
     "run_stream",

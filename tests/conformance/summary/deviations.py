@@ -25,6 +25,10 @@ from .common import json_text
 #    sets none; the official writes null, which the Responses schema does not allow.
 #    Adjustment: `verbosity_as_ours` reads the official's null as "medium" (streams only: the
 #    request summaries do not hold the response object).
+# R6. With token-id input `reasoning_tokens` is capped at the completion's tokens (the ids
+#    generated); the official reports the reasoning text's re-encoded count even above them.
+#    Adjustment: for token-id input, `reasoning_capped` caps the official's count in every
+#    reduced usage (Chat `completion_tokens_details`, Responses `output_tokens_details`).
 
 
 def _body_dict(case: dict) -> dict | None:
@@ -241,4 +245,24 @@ def verbosity_as_ours(value: Any) -> Any:
     out = {k: verbosity_as_ours(v) for k, v in value.items()}
     if "format" in out and "verbosity" in out and out["verbosity"] is None:
         out["verbosity"] = "medium"
+    return out
+
+
+def reasoning_capped(value: Any) -> Any:
+    """`value` (reduced stream output of the official) with every usage's `reasoning_tokens`
+    capped at its completion's tokens, as ours reports it (R6)."""
+    if isinstance(value, list):
+        return [reasoning_capped(v) for v in value]
+    if not isinstance(value, dict):
+        return value
+    out = {k: reasoning_capped(v) for k, v in value.items()}
+    for total, details in (
+        ("completion_tokens", "completion_tokens_details"),
+        ("output_tokens", "output_tokens_details"),
+    ):
+        d = out.get(details)
+        if isinstance(out.get(total), int) and isinstance(d, dict):
+            r = d.get("reasoning_tokens")
+            if isinstance(r, int) and r > out[total]:
+                out[details] = {**d, "reasoning_tokens": out[total]}
     return out

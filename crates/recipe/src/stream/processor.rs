@@ -53,6 +53,8 @@ pub struct StreamProcessor<G: ChunkGenerator> {
     ready: bool,
     info: StartInfo,
     completion_tokens: u64,
+    /// Text was pushed: completion_tokens is then the caller's count, not the ids generated.
+    text_input: bool,
     /// A thinking stage was set and a tokenizer attached: usage reports reasoning tokens.
     count_reasoning: bool,
     /// Settled reasoning not yet counted, and counts running on the tokenizer's pool.
@@ -87,6 +89,7 @@ impl<G: ChunkGenerator> StreamProcessor<G> {
             ready: false,
             info: StartInfo::default(),
             completion_tokens: 0,
+            text_input: false,
             count_reasoning,
             reasoning_text: String::new(),
             reasoning_counts: Vec::new(),
@@ -141,6 +144,7 @@ impl<G: ChunkGenerator> StreamProcessor<G> {
                 token_count,
             } => {
                 self.completion_tokens = self.completion_tokens.saturating_add(*token_count);
+                self.text_input = true;
                 self.start(&mut out);
                 self.parser
                     .push(Mode::Text, content.as_bytes(), &mut self.pieces);
@@ -399,7 +403,16 @@ impl<G: ChunkGenerator> StreamProcessor<G> {
                     .drain(..)
                     .map(PendingCount::wait)
                     .sum();
-                Some((rest + done) as u64)
+                let count = (rest + done) as u64;
+                // Re-encoding the reasoning text can give more tokens than the ids generated (a
+                // model's ids need not be the tokenizer's own segmentation); the reasoning is
+                // part of the completion, so with token-id input, where completion_tokens
+                // counts those ids, it never exceeds it (DEVIATIONS.md).
+                Some(if self.text_input {
+                    count
+                } else {
+                    count.min(self.completion_tokens)
+                })
             }
             _ => None,
         };
