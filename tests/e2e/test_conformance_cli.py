@@ -103,3 +103,22 @@ def test_each_corruption_is_caught_and_named(proxy, tmp_path, v41_tokenizer_path
         assert status == "fail", f"{prop} [{protocol}] not caught:\n{out}"
         assert said in message, out
         assert f"FAIL {prop} [{protocol}]" in out  # named in the printed summary too
+
+
+def test_an_api_key_is_sent_and_a_missing_one_is_a_clear_start_failure(
+    start_server, tmp_path, v41_tokenizer_path
+):
+    """Against a server that requires a key: with --api-key every request carries it (the run
+    passes); without, the run cannot start (exit 2) and says the server answered 401."""
+    s = start_server("--api-key", "conformance-key", "--max-model-len", "2048")
+    try:
+        cmd = [*deepring_command(), "conformance", "--base-url", s.url, "--seed", "3",
+               "--tokenizer", str(v41_tokenizer_path), "--examples", "6"]  # fmt: skip
+        keyed = subprocess.run([*cmd, "--api-key", "conformance-key"], capture_output=True,
+                               text=True, timeout=240)  # fmt: skip
+        bare = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    finally:
+        s.stop()
+    assert keyed.returncode == 0, keyed.stdout + keyed.stderr
+    assert bare.returncode == 2, bare.stdout + bare.stderr
+    assert "401" in bare.stdout + bare.stderr

@@ -90,12 +90,16 @@ class Client:
 
     def get_json(self, path: str) -> Any:
         """GET a JSON document; None when the server has none there (the route is optional).
-        OSError when the server cannot be reached."""
+        OSError when the server cannot be reached; PermissionError when it refuses the
+        credentials (401 / 403: no run can start without them)."""
         try:
             status, _, raw = self._round_trip("GET", self.prefix + path, None, self.headers(""))
         except (OSError, http.client.HTTPException) as e:
             self.close()
             raise OSError(f"cannot reach {self.host}:{self.port}: {e}") from e
+        if status in (401, 403):
+            hint = "pass --api-key" if not self.api_key else "the --api-key was refused"
+            raise PermissionError(f"GET {path} answered HTTP {status}: {hint}")
         if status != 200:
             return None
         try:
