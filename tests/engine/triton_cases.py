@@ -36,11 +36,13 @@ from deepring.kernels import (  # noqa: E402
     attention_prefill,
     indexer,
     moe,
+    quant_gemm,
     rmsnorm,
     rope,
     sampling,
 )
 from deepring.kernels.attention_prefill import SeqLayout  # noqa: E402
+from quant_helpers import quantize_fp8, quantize_mxfp4  # noqa: E402
 
 DEV = "cpu" if INTERPRET else "cuda"
 DTYPES = [torch.float32] if INTERPRET else [torch.float32, torch.bfloat16]
@@ -212,6 +214,40 @@ def test_moe_experts(dtype):
         moe.moe_experts_torch(x, idx, w, gate_up, down, 1.5),
         **tol(dtype),
     )
+
+
+@pytest.mark.parametrize(("n", "k", "block"), [(40, 64, 32), (33, 96, 32), (20, 128, 128)])
+def test_fp8_block_linear(n, k, block):
+    """FP8 e4m3 with UE8M0 block scales (partial blocks at the edges), against the weight the
+    test's quantiser says the bytes stand for (tests/engine/quant_helpers.py)."""
+    w = rand(n, k, seed=21).cpu() * torch.linspace(0.01, 30, k)  # blocks of different scales
+    q, scale, deq = quantize_fp8(w, block)
+    x = rand(5, k, seed=22)
+    got = quant_gemm.fp8_block_linear(x, q.to(DEV), scale.to(DEV), block)
+    torch.testing.assert_close(got, x @ deq.to(DEV).T, atol=1e-4, rtol=1e-5)
+
+
+@pytest.mark.parametrize(("n", "k"), [(40, 64), (17, 96)])
+def test_mxfp4_linear(n, k):
+    w = rand(n, k, seed=23).cpu() * torch.linspace(0.05, 8, k)
+    packed, scale, deq = quantize_mxfp4(w)
+    x = rand(3, k, seed=24)
+    got = quant_gemm.mxfp4_linear(x, packed.to(DEV), scale.to(DEV))
+    torch.testing.assert_close(got, x @ deq.to(DEV).T, atol=1e-4, rtol=1e-5)
+
+
+def test_quantised_gemm_shapes_are_checked():
+    x = rand(2, 64)
+
+    def zeros(*shape, dtype=torch.uint8):
+        return torch.zeros(*shape, dtype=dtype, device=DEV)
+
+    with pytest.raises(ValueError, match="scale grid"):
+        quant_gemm.fp8_block_linear(x, zeros(40, 64), zeros(1, 1), 32)
+    with pytest.raises(ValueError, match="needs a scale of shape"):
+        quant_gemm.mxfp4_linear(x, zeros(8, 32), zeros(8, 1))
+    with pytest.raises(ValueError, match="must hold bytes"):
+        quant_gemm.mxfp4_linear(x, zeros(8, 32, dtype=torch.float32), zeros(8, 2))
 
 
 def test_sampling():
