@@ -26,6 +26,15 @@ BLOCK_M, BLOCK_N, BLOCK_K = 16, 32, 32
 
 
 @triton.jit
+def _x_tile(x_ptr, rm, rk, M, K, stride_xm):
+    """The activations' [BM, BK] tile in fp32 (zeros past the edges)."""
+    mask = (rm[:, None] < M) & (rk[None, :] < K)
+    return tl.load(x_ptr + rm[:, None] * stride_xm + rk[None, :], mask=mask, other=0.0).to(
+        tl.float32
+    )
+
+
+@triton.jit
 def _e8m0(raw):
     return tl.exp2(raw.to(tl.float32) - 127.0)
 
@@ -40,16 +49,15 @@ def _fp8_block_linear_kernel(
     acc = tl.zeros((BM, BN), tl.float32)
     for k0 in range(0, K, BK):
         rk = k0 + tl.arange(0, BK)
-        xm = (rm[:, None] < M) & (rk[None, :] < K)
-        x = tl.load(x_ptr + rm[:, None] * stride_xm + rk[None, :], mask=xm, other=0.0)
+        x = _x_tile(x_ptr, rm, rk, M, K, stride_xm)
         wm = (rn[:, None] < N) & (rk[None, :] < K)
         raw = tl.load(w_ptr + rn[:, None] * stride_wn + rk[None, :], mask=wm, other=0)
         w = raw.to(tl.float8e4nv, bitcast=True).to(tl.float32)
         s = tl.load(s_ptr + (rn[:, None] // QB) * stride_sn + rk[None, :] // QB, mask=wm, other=127)
         w = w * _e8m0(s)
-        acc += tl.dot(x.to(tl.float32), tl.trans(w), input_precision="ieee")
-    om = (rm[:, None] < M) & (rn[None, :] < N)
-    tl.store(out_ptr + rm[:, None] * stride_om + rn[None, :], acc, mask=om)
+        acc += tl.dot(x, tl.trans(w), input_precision="ieee")
+    tl.store(out_ptr + rm[:, None] * stride_om + rn[None, :], acc,
+             mask=(rm[:, None] < M) & (rn[None, :] < N))  # fmt: skip
 
 
 @triton.jit
@@ -71,8 +79,7 @@ def _mxfp4_linear_kernel(
     acc = tl.zeros((BM, BN), tl.float32)
     for k0 in range(0, K, BK):
         rk = k0 + tl.arange(0, BK)
-        xm = (rm[:, None] < M) & (rk[None, :] < K)
-        x = tl.load(x_ptr + rm[:, None] * stride_xm + rk[None, :], mask=xm, other=0.0)
+        x = _x_tile(x_ptr, rm, rk, M, K, stride_xm)
         wm = (rn[:, None] < N) & (rk[None, :] < K)
         # Each byte holds inputs 2j (low nibble) and 2j + 1 (high): load it per input and
         # shift out that input's half.
@@ -80,9 +87,9 @@ def _mxfp4_linear_kernel(
         code = (raw.to(tl.int32) >> ((rk[None, :] % 2) * 4)) & 0xF
         s = tl.load(s_ptr + rn[:, None] * stride_sn + rk[None, :] // GROUP, mask=wm, other=127)
         w = _e2m1(code) * _e8m0(s)
-        acc += tl.dot(x.to(tl.float32), tl.trans(w), input_precision="ieee")
-    om = (rm[:, None] < M) & (rn[None, :] < N)
-    tl.store(out_ptr + rm[:, None] * stride_om + rn[None, :], acc, mask=om)
+        acc += tl.dot(x, tl.trans(w), input_precision="ieee")
+    tl.store(out_ptr + rm[:, None] * stride_om + rn[None, :], acc,
+             mask=(rm[:, None] < M) & (rn[None, :] < N))  # fmt: skip
 
 
 def _bytes(t: torch.Tensor, name: str) -> torch.Tensor:
