@@ -24,8 +24,10 @@ def solid(w: int, h: int, fmt: str = "PNG", color: tuple[int, int, int] = (200, 
     if mode == "P":
         # An adaptive palette holds the colour exactly (the default web palette dithers).
         im = im.convert("P", palette=Image.Palette.ADAPTIVE)
+    # Lossless WebP: a lossy one-colour WebP a pixel or two wide decodes to several colours.
+    options = {"PNG": {"compress_level": 1}, "WEBP": {"lossless": True}}.get(fmt, {})
     out = io.BytesIO()
-    im.save(out, fmt, **({"compress_level": 1} if fmt == "PNG" else {}))
+    im.save(out, fmt, **options)
     return out.getvalue()
 
 

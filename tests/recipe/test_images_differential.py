@@ -33,7 +33,7 @@ EXAMPLES = int(os.environ.get("DEEPRING_IMAGE_EXAMPLES", "40"))
 DETAILS = ("low", "high", "original", "auto")
 # Pixel bound on photo-like images (recipe/DEVIATIONS.md): mean absolute difference per channel
 # and PSNR between our output and the official's, both decoded.
-MEAN_ABS_BOUND = 3.0
+MEAN_ABS_BOUND = 4.0
 PSNR_BOUND_DB = 32.0
 
 

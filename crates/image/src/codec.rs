@@ -1,4 +1,4 @@
-//! Decoding to 8-bit RGB the way OpenCV's `imdecode(IMREAD_COLOR)` does, and lossy WebP encoding.
+//! Decoding to 8-bit RGB the way OpenCV's `imdecode(IMREAD_COLOR)` does.
 //!
 //! OpenCV drops an alpha channel without compositing, keeps the high byte of 16-bit samples and
 //! replicates grey into three channels; so does [`decode`]. The official's error kinds follow
@@ -9,6 +9,8 @@
 use std::io::Cursor;
 
 use image::{DynamicImage, ImageDecoder, ImageFormat, ImageReader, Limits};
+
+use crate::webp;
 
 /// A decoded image: `width * height` RGB triples, row-major.
 pub struct Rgb {
@@ -63,11 +65,23 @@ pub fn decode(data: &[u8], max_side: u32) -> Result<Rgb, DecodeFailure> {
         return Err(DecodeFailure::Empty);
     }
     let format = sniff(data).ok_or(DecodeFailure::UnsupportedMediaType)?;
+    if format == ImageFormat::WebP {
+        // libwebp, as OpenCV: the same pixels as the official, and several times faster than
+        // the pure-Rust decoder. Animations, which its simple decoder refuses, fall through to
+        // the `image` crate (first frame).
+        let (w, h) = webp::dimensions(data).ok_or(DecodeFailure::Header)?;
+        if w > max_side || h > max_side {
+            return Err(DecodeFailure::TooLarge);
+        }
+        if let Some(rgb) = webp::decode_rgb(data) {
+            return Ok(rgb);
+        }
+    }
     let mut reader = ImageReader::with_format(Cursor::new(data), format);
     // The side check below is the official's limit; image's own allocation cap (512 MiB) stays as
     // a guard against headers that lie.
     reader.limits(Limits::default());
-    let mut decoder = reader.into_decoder().map_err(|_| DecodeFailure::Header)?;
+    let decoder = reader.into_decoder().map_err(|_| DecodeFailure::Header)?;
     let (w, h) = decoder.dimensions();
     if w > max_side || h > max_side {
         return Err(DecodeFailure::TooLarge);
@@ -119,38 +133,4 @@ fn to_rgb(img: DynamicImage) -> Rgb {
         height,
         pixels,
     }
-}
-
-/// The official's WebP quality (OpenCV `IMWRITE_WEBP_QUALITY` 90): with the same libwebp, the
-/// same pixels encode to the same bytes.
-pub const WEBP_QUALITY: f32 = 90.0;
-
-/// Encodes RGB pixels as lossy WebP; `None` when libwebp refuses (a side over 16383 px).
-pub fn encode_webp(pixels: &[u8], width: u32, height: u32) -> Option<Vec<u8>> {
-    let (w, h) = (i32::try_from(width).ok()?, i32::try_from(height).ok()?);
-    let stride = w.checked_mul(3)?;
-    if pixels.len() != (stride as usize).checked_mul(h as usize)? {
-        return None;
-    }
-    let mut out: *mut u8 = std::ptr::null_mut();
-    // SAFETY: `pixels` holds `h` rows of `stride` bytes (checked above) and outlives the call;
-    // libwebp writes a buffer it allocated to `out` and returns its length (0 on failure).
-    let len = unsafe {
-        libwebp_sys::WebPEncodeRGB(pixels.as_ptr(), w, h, stride, WEBP_QUALITY, &mut out)
-    };
-    if out.is_null() {
-        return None;
-    }
-    // SAFETY: on success `out` points at `len` initialised bytes; it is freed exactly once, with
-    // libwebp's own deallocator, after the copy.
-    let bytes = unsafe {
-        let bytes = if len == 0 {
-            None
-        } else {
-            Some(std::slice::from_raw_parts(out, len).to_vec())
-        };
-        libwebp_sys::WebPFree(out.cast());
-        bytes
-    };
-    bytes
 }

@@ -8,6 +8,7 @@ use deepring_recipe::ImageDetail;
 use crate::codec::{self, DecodeFailure};
 use crate::error::ImageError;
 use crate::fit::Canvas;
+use crate::webp;
 
 /// The grey OpenCV's `copyMakeBorder` pads the canvas with in the official.
 const PAD_VALUE: u8 = 127;
@@ -79,7 +80,7 @@ pub fn preprocess(
         .map_err(|_| ImageError::Resize(loc()))?
         .capped();
     let (iw, ih, left, top) = canvas.content(w, h);
-    let content = resample(&rgb, iw, ih).ok_or_else(|| ImageError::Resize(loc()))?;
+    let content = resample(rgb, iw, ih).ok_or_else(|| ImageError::Resize(loc()))?;
     let (cw, ch) = (canvas.width() as usize, canvas.height() as usize);
     let mut pixels = vec![PAD_VALUE; cw * ch * 3];
     let row = iw as usize * 3;
@@ -87,7 +88,7 @@ pub fn preprocess(
         let at = ((top as usize + y) * cw + left as usize) * 3;
         pixels[at..at + row].copy_from_slice(&content[y * row..(y + 1) * row]);
     }
-    let data = codec::encode_webp(&pixels, canvas.width(), canvas.height())
+    let data = webp::encode_rgb(&pixels, canvas.width(), canvas.height(), true)
         .ok_or_else(|| ImageError::Encode(loc()))?;
     Ok(ImageInfo {
         data,
@@ -98,12 +99,11 @@ pub fn preprocess(
 
 /// Bilinear convolution resampling (antialiased when shrinking); the closest of
 /// fast_image_resize's filters to the official's output (DEVIATIONS.md).
-fn resample(rgb: &codec::Rgb, w: u32, h: u32) -> Option<Vec<u8>> {
+fn resample(rgb: codec::Rgb, w: u32, h: u32) -> Option<Vec<u8>> {
     if (w, h) == (rgb.width, rgb.height) {
-        return Some(rgb.pixels.clone());
+        return Some(rgb.pixels);
     }
-    let src =
-        Image::from_vec_u8(rgb.width, rgb.height, rgb.pixels.clone(), PixelType::U8x3).ok()?;
+    let src = Image::from_vec_u8(rgb.width, rgb.height, rgb.pixels, PixelType::U8x3).ok()?;
     let mut dst = Image::new(w, h, PixelType::U8x3);
     let options = ResizeOptions::new().resize_alg(ResizeAlg::Convolution(FilterType::Bilinear));
     Resizer::new().resize(&src, &mut dst, &options).ok()?;
