@@ -122,6 +122,12 @@ def test_preprocess_matches(size, fmt, detail, low, max_dim):
     if want[0] != "ok" or got[0] != "ok":
         assert got == want
         return
+    if 16380 in want[1][:2] and got[1][:2] != want[1][:2]:
+        # DEVIATIONS.md I5: at the WebP side cap the official's short side can be a patch wider;
+        # the token count must still agree.
+        assert got[1][2] == want[1][2], f"{w}x{h} {fmt} {detail}"
+        assert max(got[1][:2]) == 16380 and abs(min(got[1][:2]) - min(want[1][:2])) <= 14
+        return
     assert got[1][:3] == want[1][:3], f"{w}x{h} {fmt} {detail}"
     if fmt != "JPEG":
         # (a one-colour JPEG decodes with small ringing that the two decoders round apart)
@@ -243,6 +249,22 @@ def test_total_size_limit_alike():
 
     for n in (2, 3):
         assert run(ours, n) == run(official, n)
+
+
+def test_image_count_limit_alike():
+    """600 images per request, counted across the resolve calls that share a quota and checked
+    before any source is read."""
+    png = solid(2, 2)
+
+    def run(lib, first, n, bad_first=False):
+        q, res = lib.ImageQuota(), _resolver(lib)
+        if first:
+            res.resolve([lib.BytesImageSource(png)] * first, q)
+        srcs = [lib.BytesImageSource(b"xx")] * bad_first + [lib.BytesImageSource(png)] * n
+        return outcome(lambda: len(res.resolve(srcs, q).images)), q.image_count()
+
+    for args in ((0, 600), (0, 601), (550, 51), (550, 50), (0, 600, True)):
+        assert run(ours, *args) == run(official, *args), args
 
 
 def test_quota_accumulates_alike():

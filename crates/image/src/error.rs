@@ -28,7 +28,7 @@ pub enum ImageError {
     Encode(String),
     #[error("invalid url: {0:?}")]
     InvalidUrl(String),
-    #[error("Too many images: max {max} per request, got {got}")]
+    #[error("Too many images: max {max} images per request, got {got}")]
     TooManyImages { max: usize, got: usize },
     #[error("{location}: image file size exceeds limit {max_mb} MB")]
     ImageTooLarge { location: String, max_mb: usize },

@@ -11,6 +11,8 @@ use crate::preprocess::{preprocess, ImageInfo, PreprocessOptions};
 
 /// Encoded bytes a request may carry across all its images: 64 MiB.
 pub const MAX_TOTAL_BYTES: usize = 64 * 1024 * 1024;
+/// Images a request may carry across all its resolve calls.
+pub const MAX_IMAGES: usize = 600;
 
 /// Images and encoded bytes recorded by a request's completed resolve calls.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -47,6 +49,14 @@ pub fn resolve(
     quota: &mut ImageQuota,
     fetcher: Option<&Fetcher>,
 ) -> Result<Vec<ImageInfo>, ImageError> {
+    // Checked before any source is read, as the official does.
+    let images = quota.images + sources.len();
+    if images > MAX_IMAGES {
+        return Err(ImageError::TooManyImages {
+            max: MAX_IMAGES,
+            got: images,
+        });
+    }
     let mut encoded: Vec<Vec<u8>> = Vec::with_capacity(sources.len());
     let mut bytes = quota.bytes;
     for (i, source) in sources.iter().enumerate() {
@@ -293,6 +303,24 @@ mod tests {
             format!("m.image[0]: {}", crate::error::UNSUPPORTED)
         );
         assert_eq!(quota, ImageQuota::new());
+    }
+
+    #[test]
+    fn at_most_600_images_per_request() {
+        let mut quota = ImageQuota {
+            images: 599,
+            bytes: 0,
+        };
+        let bad = ImageSource {
+            data: ImageData::Bytes(b"xx".to_vec()),
+            detail: Default::default(),
+            path: String::new(),
+        };
+        let err = resolve(&[bad.clone(), bad], &mut quota, None).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "Too many images: max 600 images per request, got 601"
+        );
     }
 
     #[test]
