@@ -353,7 +353,7 @@ class ImageResolver:
         cls, fetcher: ReqwestImageFetcher, preprocessor: OpenCvImagePreprocessor
     ) -> ImageResolver: ...
     def resolve(self, sources: Sequence[ImageSource], quota: ImageQuota) -> MultiModalData:
-        """Resolve image sources and update the supplied quota; a failed call leaves it unchanged."""
+        """Resolve image sources and update the quota; a failed call leaves it unchanged."""
 
 @disjoint_base
 class Message:

@@ -178,7 +178,12 @@ TYPES: dict[str, dict[str, Any]] = {
     },
     # images
     "ImageError": {"kind": "str", "is_retryable": "bool"},
-    "ImageInfo": {"data": "bytes", "width": "int", "height": "int", "__new__": {"width": "int", "height": "int"}},
+    "ImageInfo": {
+        "data": "bytes",
+        "width": "int",
+        "height": "int",
+        "__new__": {"width": "int", "height": "int"},
+    },
     "MultiModalData": {
         "__new__": {"images": "Sequence[ImageInfo]"},
         "images": "list[ImageInfo]",

@@ -304,7 +304,7 @@ impl PyImageResolver {
             fetcher: fetcher.inner.clone(),
         }
     }
-    /// Resolve image sources and update the supplied quota; a failed call leaves it unchanged.
+    /// Resolve image sources and update the quota; a failed call leaves it unchanged.
     fn resolve(
         &self,
         py: Python<'_>,
