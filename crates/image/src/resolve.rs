@@ -75,14 +75,13 @@ pub fn resolve(
                     url: u.clone(),
                 })?;
                 // Within a request the official reports an over-limit body as a failed download.
-                let data = fetcher.fetch(u, &loc).map_err(|e| match e {
+                fetcher.fetch(u, &loc).map_err(|e| match e {
                     ImageError::ImageTooLarge { .. } => ImageError::Fetch {
                         location: loc.clone(),
                         url: u.clone(),
                     },
                     other => other,
-                })?;
-                data
+                })?
             }
         };
         bytes += item.len();
@@ -216,7 +215,7 @@ fn forgiving_base64(b: &[u8]) -> Option<Vec<u8>> {
         .copied()
         .filter(|c| !c.is_ascii_whitespace())
         .collect();
-    if data.len() % 4 == 0 {
+    if data.len().is_multiple_of(4) {
         for _ in 0..2 {
             if data.last() == Some(&b'=') {
                 data.pop();

@@ -104,7 +104,7 @@ mod tests {
                 x ^= x << 13;
                 x ^= x >> 17;
                 x ^= x << 5;
-                ((i % 251) as u32 ^ (x & 0x3f)) as u8
+                ((i % 251) ^ (x & 0x3f)) as u8
             })
             .collect()
     }
