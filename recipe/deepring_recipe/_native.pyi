@@ -1,7 +1,7 @@
 # Generated from the built deepring_recipe._native by tools/gen_stub.py: do not edit by hand;
 # annotations come from the tables in that script. Regenerate with `./dev stub`.
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, ClassVar, Literal, TypeAlias, final
 
 from typing_extensions import disjoint_base
@@ -10,6 +10,7 @@ __all__ = [
     "IMAGE_SPECIAL_TOKEN_ID",
     "AssistantMessage",
     "BytesImageSource",
+    "CalcResizeError",
     "ChatCompletionChunk",
     "ChatCompletionChunkGenerator",
     "ChatCompletionRequest",
@@ -21,6 +22,10 @@ __all__ = [
     "DataUrlImageSource",
     "DeepseekV4Encoding",
     "DeepseekV41Encoding",
+    "ImageError",
+    "ImageInfo",
+    "ImageQuota",
+    "ImageResolver",
     "ImageSource",
     "InferenceChunk",
     "InferenceFinishReason",
@@ -32,11 +37,15 @@ __all__ = [
     "MessagesResponse",
     "MessagesStreamEvent",
     "ModelVersion",
+    "MultiModalData",
+    "OpenCvImagePreprocessor",
     "OutputConstraint",
     "ParsingOptions",
+    "PreprocessOptions",
     "PromptUsage",
     "ReasoningContentBehavior",
     "RenderedPrompt",
+    "ReqwestImageFetcher",
     "ResponsesChunkGenerator",
     "ResponsesEcho",
     "ResponsesRequest",
@@ -155,6 +164,17 @@ class Tokenizer:
     def from_file(path: str, *, threads: int | None = None) -> Tokenizer: ...
     @staticmethod
     def from_str(text: str, *, threads: int | None = None) -> Tokenizer: ...
+    @staticmethod
+    def from_pretrained(
+        identifier: str,
+        revision: str | None = None,
+        token: str | None = None,
+        *,
+        threads: int | None = None,
+    ) -> Tokenizer:
+        """`tokenizer.json` from a local file or directory, or from the Hugging Face cache for a Hub
+        id; never downloaded (the official downloads: recipe/DEVIATIONS.md). `token` is accepted
+        for signature compatibility and unused."""
     def with_threads(self, threads: int | None) -> Tokenizer:
         """A tokenizer sharing this vocabulary whose prompt encoding uses `threads` threads
         (`None`: `DEEPRING_TOKENIZER_THREADS`, else every core)."""
@@ -230,6 +250,110 @@ class BytesImageSource(ImageSource):
     def __new__(
         cls, data: bytes, detail: _ImageDetail = "high", *, path: str = ...
     ) -> BytesImageSource: ...
+
+class ImageError(Exception):
+    """A failure to resolve, fetch, or preprocess images, including request limits."""
+
+    kind: str
+    is_retryable: bool
+
+class CalcResizeError(ValueError):
+    """The Rust image token calculation did not converge."""
+
+@final
+class ImageInfo:
+    """A preprocessed image for the inference backend: the encoded WebP bytes and the canvas width
+    and height in pixels."""
+
+    def __new__(cls, data: bytes, width: int, height: int) -> ImageInfo: ...
+    @property
+    def data(self) -> bytes: ...
+    @property
+    def width(self) -> int: ...
+    @property
+    def height(self) -> int: ...
+
+@final
+class MultiModalData:
+    """Images in the order their placeholders appear in a prompt."""
+
+    def __new__(cls, images: Sequence[ImageInfo] | None = None) -> MultiModalData: ...
+    @property
+    def images(self) -> list[ImageInfo]: ...
+    def is_empty(self) -> bool: ...
+    def image_token_adjustment(self) -> int:
+        """Return the number of inference input tokens beyond one per placeholder.
+
+        Each image occupies one placeholder in the prompt but costs its V4.1 image token count;
+        the adjustment is the sum of the differences. Raises `CalcResizeError` when fitting an
+        image to the token budget does not converge."""
+
+@final
+class ImageQuota:
+    """The image count and encoded bytes recorded by the completed resolve calls of one request.
+
+    Pass the same quota to every resolve call of a request so that the per-request limits apply
+    across them. A call records its sources only once every one of them is preprocessed, so a
+    failed call adds nothing."""
+
+    def __new__(cls) -> ImageQuota: ...
+    def image_count(self) -> int: ...
+    def byte_size(self) -> int: ...
+
+@final
+class PreprocessOptions:
+    """Options of one preprocessing call."""
+
+    def __new__(
+        cls, detail: _ImageDetail, max_dimension_px: int, low_detail_max_dimension_px: int
+    ) -> PreprocessOptions: ...
+    @property
+    def detail(self) -> _ImageDetail: ...
+    @property
+    def max_dimension_px(self) -> int: ...
+    @property
+    def low_detail_max_dimension_px(self) -> int: ...
+
+@final
+class ReqwestImageFetcher:
+    """Downloads image URLs over HTTP(S).
+
+    Without a destination filter it connects to any address; when untrusted clients supply image
+    URLs, install one with `with_destination_filter` (SSRF)."""
+
+    def __new__(cls) -> ReqwestImageFetcher: ...
+    @staticmethod
+    def with_max_bytes(max_bytes: int) -> ReqwestImageFetcher: ...
+    def with_destination_filter(
+        self, destination_filter: Callable[[str, str], bool]
+    ) -> ReqwestImageFetcher:
+        """Return a fetcher with this size limit that connects only to allowed addresses.
+
+        `destination_filter(host, address)` receives the host of the image URL or of a redirect
+        target and one resolved address as a string (`"10.0.0.1"`), and returns whether the
+        fetcher may connect to it. For a host name, only the allowed addresses are connected to;
+        a host with none raises `ImageError` with kind `"DestinationRejected"`, as does a callable
+        that raises or returns a non-boolean. The returned fetcher uses no proxy. Raises
+        `TypeError` when `destination_filter` is not callable."""
+    def fetch(self, url: str) -> bytes: ...
+
+@final
+class OpenCvImagePreprocessor:
+    """Decodes, fits, resamples and encodes one image (named for the official's OpenCV
+    implementation; this one uses the Rust `image`, `fast_image_resize` and libwebp)."""
+
+    def __new__(cls) -> OpenCvImagePreprocessor: ...
+    def preprocess(self, data: bytes, options: PreprocessOptions) -> ImageInfo: ...
+
+@final
+class ImageResolver:
+    """Resolves image sources with an explicit fetcher and preprocessor."""
+
+    def __new__(
+        cls, fetcher: ReqwestImageFetcher, preprocessor: OpenCvImagePreprocessor
+    ) -> ImageResolver: ...
+    def resolve(self, sources: Sequence[ImageSource], quota: ImageQuota) -> MultiModalData:
+        """Resolve image sources and update the quota; a failed call leaves it unchanged."""
 
 @disjoint_base
 class Message:

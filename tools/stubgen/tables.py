@@ -146,6 +146,12 @@ TYPES: dict[str, dict[str, Any]] = {
         "from_file": {"return": "Tokenizer"},
         "from_str": {"return": "Tokenizer"},
         "with_threads": {"return": "Tokenizer"},
+        "from_pretrained": {
+            "identifier": "str",
+            "revision": "str",
+            "token": "str",
+            "return": "Tokenizer",
+        },
         "threads": "int",
         "vocab_size": "int",
         "encode_plain": {"return": "list[int]"},
@@ -169,6 +175,46 @@ TYPES: dict[str, dict[str, Any]] = {
         "url": "str | None",
         "data": "bytes | None",
         "path": "str",
+    },
+    # images
+    "ImageError": {"kind": "str", "is_retryable": "bool"},
+    "ImageInfo": {
+        "data": "bytes",
+        "width": "int",
+        "height": "int",
+        "__new__": {"width": "int", "height": "int"},
+    },
+    "MultiModalData": {
+        "__new__": {"images": "Sequence[ImageInfo]"},
+        "images": "list[ImageInfo]",
+        "is_empty": {"return": "bool"},
+        "image_token_adjustment": {"return": "int"},
+    },
+    "ImageQuota": {"image_count": {"return": "int"}, "byte_size": {"return": "int"}},
+    "PreprocessOptions": {
+        "__new__": {"max_dimension_px": "int", "low_detail_max_dimension_px": "int"},
+        "detail": "_ImageDetail",
+        "max_dimension_px": "int",
+        "low_detail_max_dimension_px": "int",
+    },
+    "ReqwestImageFetcher": {
+        "with_max_bytes": {"max_bytes": "int", "return": "ReqwestImageFetcher"},
+        "with_destination_filter": {
+            "destination_filter": "Callable[[str, str], bool]",
+            "return": "ReqwestImageFetcher",
+        },
+        "fetch": {"return": "bytes"},
+    },
+    "OpenCvImagePreprocessor": {
+        "preprocess": {"options": "PreprocessOptions", "return": "ImageInfo"},
+    },
+    "ImageResolver": {
+        "__new__": {"fetcher": "ReqwestImageFetcher", "preprocessor": "OpenCvImagePreprocessor"},
+        "resolve": {
+            "sources": "Sequence[ImageSource]",
+            "quota": "ImageQuota",
+            "return": "MultiModalData",
+        },
     },
     "Message": _MESSAGE,
     "SystemMessage": {"tools": "list[ToolDefinition] | None"},

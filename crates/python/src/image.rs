@@ -20,7 +20,7 @@ pub(crate) struct PyImageSource {
     pub(crate) inner: ImageSource,
 }
 
-fn parse_detail(detail: &str) -> PyResult<ImageDetail> {
+pub(crate) fn parse_detail(detail: &str) -> PyResult<ImageDetail> {
     ImageDetail::parse(detail).ok_or_else(|| {
         PyValueError::new_err(format!(
             "invalid detail \"{detail}\"; expected \"low\", \"high\", \"original\", or \"auto\""

@@ -5,7 +5,7 @@
 //! [`errors`], the one place that maps them.
 //!
 //! Module order (each module uses only modules before it): errors, json, enums, detach,
-//! tokenizer, special_tokens, tool, image, message, conversation, encoding, options, response,
+//! tokenizer, special_tokens, tool, image, resolver, message, conversation, encoding, options, response,
 //! echo, stream, request.
 
 use pyo3::prelude::*;
@@ -26,6 +26,7 @@ mod json;
 mod message;
 mod options;
 mod request;
+mod resolver;
 mod response;
 mod special_tokens;
 mod stream;
@@ -41,6 +42,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     tokenizer::register(m)?;
     tool::register(m)?;
     image::register(m)?;
+    resolver::register(m)?;
     message::register(m)?;
     conversation::register(m)?;
     special_tokens::register(m)?;

@@ -1,7 +1,7 @@
 //! `Tokenizer`: loading, full-vocabulary `encode`, and the thread policy of prompt encoding.
 
 use deepring_tokenizer::{Parallelism, Tokenizer};
-use pyo3::exceptions::PyValueError;
+use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 
 use crate::errors;
@@ -40,6 +40,31 @@ impl PyTokenizer {
         let p = parallelism(threads)?;
         let inner = py
             .detach(|| Tokenizer::from_json(text))
+            .map_err(errors::tokenizer_load)?;
+        Ok(Self {
+            inner: inner.with_parallelism(p),
+        })
+    }
+
+    /// `tokenizer.json` from a local file or directory, or from the Hugging Face cache for a Hub
+    /// id; never downloaded (the official downloads: recipe/DEVIATIONS.md). `token` is accepted
+    /// for signature compatibility and unused.
+    #[staticmethod]
+    #[pyo3(signature = (identifier, revision = None, token = None, *, threads = None))]
+    fn from_pretrained(
+        py: Python<'_>,
+        identifier: &str,
+        revision: Option<&str>,
+        token: Option<&str>,
+        threads: Option<usize>,
+    ) -> PyResult<Self> {
+        let _ = token;
+        let p = parallelism(threads)?;
+        let path = deepring_tokenizer::pretrained::locate(identifier, revision)
+            .map_err(|e| PyRuntimeError::new_err(e.to_string()))?;
+        let path = path.to_string_lossy().into_owned();
+        let inner = py
+            .detach(|| Tokenizer::from_file(&path))
             .map_err(errors::tokenizer_load)?;
         Ok(Self {
             inner: inner.with_parallelism(p),

@@ -12,6 +12,7 @@ mod decode;
 mod error;
 mod parallel;
 mod pretokenize;
+pub mod pretrained;
 mod tokenizer;
 
 pub use decode::{IncrementalDecoder, Piece};

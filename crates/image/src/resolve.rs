@@ -1,0 +1,338 @@
+//! A request's image sources -> preprocessed images, under the request's quota.
+
+use base64::Engine;
+
+use deepring_recipe::{ImageData, ImageSource};
+
+use crate::codec;
+use crate::error::ImageError;
+use crate::fetch::Fetcher;
+use crate::preprocess::{preprocess, ImageInfo, PreprocessOptions};
+
+/// Encoded bytes a request may carry across all its images: 64 MiB.
+pub const MAX_TOTAL_BYTES: usize = 64 * 1024 * 1024;
+/// Images a request may carry across all its resolve calls.
+pub const MAX_IMAGES: usize = 600;
+
+/// Images and encoded bytes recorded by a request's completed resolve calls.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ImageQuota {
+    images: usize,
+    bytes: usize,
+}
+
+impl ImageQuota {
+    pub fn new() -> Self {
+        Self::default()
+    }
+    pub fn image_count(&self) -> usize {
+        self.images
+    }
+    pub fn byte_size(&self) -> usize {
+        self.bytes
+    }
+}
+
+/// The prefix of an image's error messages: `image[i]`, after the source's request path.
+fn location(source: &ImageSource, index: usize) -> String {
+    if source.path.is_empty() {
+        format!("image[{index}]")
+    } else {
+        format!("{}.image[{index}]", source.path)
+    }
+}
+
+/// Resolves `sources` in order. URL sources are fetched only through `fetcher`; without one a
+/// URL source fails as a fetch. The quota is updated only when every source succeeded.
+pub fn resolve(
+    sources: &[ImageSource],
+    quota: &mut ImageQuota,
+    fetcher: Option<&Fetcher>,
+) -> Result<Vec<ImageInfo>, ImageError> {
+    // Checked before any source is read, as the official does.
+    let images = quota.images + sources.len();
+    if images > MAX_IMAGES {
+        return Err(ImageError::TooManyImages {
+            max: MAX_IMAGES,
+            got: images,
+        });
+    }
+    let mut encoded: Vec<Vec<u8>> = Vec::with_capacity(sources.len());
+    let mut bytes = quota.bytes;
+    for (i, source) in sources.iter().enumerate() {
+        let loc = location(source, i);
+        let item = match &source.data {
+            ImageData::Bytes(b) => b.clone(),
+            ImageData::DataUrl(u) => parse_data_url(u, &loc)?,
+            ImageData::Url(u) => {
+                // Only a source that does not even start like an http URL is invalid; the
+                // official reports anything else that cannot be fetched as a failed download.
+                if !u.get(..4).is_some_and(|p| p.eq_ignore_ascii_case("http")) {
+                    return Err(ImageError::InvalidUrl(u.clone()));
+                }
+                let fetcher = fetcher.ok_or_else(|| ImageError::Fetch {
+                    location: loc.clone(),
+                    url: u.clone(),
+                })?;
+                // Within a request the official reports an over-limit body as a failed download.
+                fetcher.fetch(u, &loc).map_err(|e| match e {
+                    ImageError::ImageTooLarge { .. } => ImageError::Fetch {
+                        location: loc.clone(),
+                        url: u.clone(),
+                    },
+                    other => other,
+                })?
+            }
+        };
+        bytes += item.len();
+        if bytes > MAX_TOTAL_BYTES {
+            return Err(ImageError::TotalSizeTooLarge {
+                max_mb: MAX_TOTAL_BYTES / (1024 * 1024),
+                got_mb: bytes / (1024 * 1024),
+            });
+        }
+        encoded.push(item);
+    }
+    let images = preprocess_all(sources, &encoded)?;
+    quota.images += sources.len();
+    quota.bytes = bytes;
+    Ok(images)
+}
+
+/// Preprocesses every source, spread over the machine's cores (decode, resample and encode are
+/// independent per image; a 10-image request is otherwise ten times one image's latency). The
+/// error reported is the first source's in request order, as if run one by one.
+fn preprocess_all(
+    sources: &[ImageSource],
+    encoded: &[Vec<u8>],
+) -> Result<Vec<ImageInfo>, ImageError> {
+    let run = |i: usize| {
+        let options = PreprocessOptions::for_detail(sources[i].detail);
+        preprocess(&encoded[i], options, &location(&sources[i], i))
+    };
+    let threads = std::thread::available_parallelism()
+        .map_or(1, |n| n.get())
+        .min(sources.len());
+    if threads <= 1 {
+        return (0..sources.len()).map(run).collect();
+    }
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let mut results: Vec<Option<Result<ImageInfo, ImageError>>> = vec![None; sources.len()];
+    let done: Vec<Vec<(usize, Result<ImageInfo, ImageError>)>> = std::thread::scope(|scope| {
+        let workers: Vec<_> = (0..threads)
+            .map(|_| {
+                scope.spawn(|| {
+                    let mut mine = Vec::new();
+                    loop {
+                        let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        if i >= sources.len() {
+                            return mine;
+                        }
+                        mine.push((i, run(i)));
+                    }
+                })
+            })
+            .collect();
+        // A worker that panicked yields no results; its sources are reported as resize failures
+        // below rather than unwinding into the caller (and across the FFI).
+        workers
+            .into_iter()
+            .map(|w| w.join().unwrap_or_default())
+            .collect()
+    });
+    for (i, r) in done.into_iter().flatten() {
+        results[i] = Some(r);
+    }
+    results
+        .into_iter()
+        .enumerate()
+        .map(|(i, r)| r.unwrap_or_else(|| Err(ImageError::Resize(location(&sources[i], i)))))
+        .collect()
+}
+
+/// The bytes of a `data:` URL, read as WHATWG's fetch standard reads them (as the official
+/// does): the body is percent-decoded, then base64-decoded forgivingly (ASCII whitespace
+/// ignored, padding optional) when the header ends in `;base64`; the media type's essence must
+/// be one of the accepted image types (an empty one means `text/plain`) or the source is
+/// `UnsupportedMediaType`; anything malformed is `InvalidDataUrl`.
+pub fn parse_data_url(url: &str, loc: &str) -> Result<Vec<u8>, ImageError> {
+    let invalid = || ImageError::InvalidDataUrl(loc.to_string());
+    let url = url.trim_matches(|c: char| c <= ' ');
+    let rest = url
+        .get(..5)
+        .filter(|p| p.eq_ignore_ascii_case("data:"))
+        .map(|_| &url[5..])
+        .ok_or_else(invalid)?;
+    let (header, body) = rest.split_once(',').ok_or_else(invalid)?;
+    let mut mime = header.trim_matches(|c: char| c.is_ascii_whitespace());
+    let mut base64 = false;
+    if let Some(semi) = mime.rfind(';') {
+        let tail = mime[semi + 1..].trim_start_matches(' ');
+        if tail.eq_ignore_ascii_case("base64") {
+            base64 = true;
+            mime = &mime[..semi];
+        }
+    }
+    let essence = mime
+        .split(';')
+        .next()
+        .unwrap_or("")
+        .trim_matches(|c: char| c.is_ascii_whitespace());
+    if codec::format_of_media_type(essence).is_none() {
+        return Err(ImageError::UnsupportedMediaType(loc.to_string()));
+    }
+    let bytes = percent_decode(body.as_bytes());
+    if !base64 {
+        return Ok(bytes);
+    }
+    forgiving_base64(&bytes).ok_or_else(invalid)
+}
+
+/// Percent-decoding as URLs do it: a `%` not followed by two hex digits stays as it is.
+fn percent_decode(b: &[u8]) -> Vec<u8> {
+    let hex = |c: u8| (c as char).to_digit(16).map(|d| d as u8);
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'%' && i + 2 < b.len() {
+            if let (Some(h), Some(l)) = (hex(b[i + 1]), hex(b[i + 2])) {
+                out.push(h << 4 | l);
+                i += 3;
+                continue;
+            }
+        }
+        out.push(b[i]);
+        i += 1;
+    }
+    out
+}
+
+/// WHATWG forgiving-base64 decode: whitespace removed, then one or two `=` of padding allowed
+/// only where they complete a quartet, a lone trailing sextet refused.
+fn forgiving_base64(b: &[u8]) -> Option<Vec<u8>> {
+    let mut data: Vec<u8> = b
+        .iter()
+        .copied()
+        .filter(|c| !c.is_ascii_whitespace())
+        .collect();
+    if data.len().is_multiple_of(4) {
+        for _ in 0..2 {
+            if data.last() == Some(&b'=') {
+                data.pop();
+            }
+        }
+    }
+    if data.len() % 4 == 1
+        || data
+            .iter()
+            .any(|c| !(c.is_ascii_alphanumeric() || *c == b'+' || *c == b'/'))
+    {
+        return None;
+    }
+    base64::engine::general_purpose::STANDARD_NO_PAD
+        .decode(&data)
+        .ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn data_urls() {
+        assert_eq!(
+            parse_data_url("data:image/png;base64,AAEC", "l").unwrap(),
+            vec![0, 1, 2]
+        );
+        assert_eq!(
+            parse_data_url("data:image/png,%89PNG", "l").unwrap(),
+            b"\x89PNG".to_vec()
+        );
+        assert_eq!(
+            parse_data_url("data:image/png;base64,AA%45C", "l").unwrap(),
+            vec![0, 1, 2]
+        );
+        assert_eq!(
+            parse_data_url("data: image/jpg ;base64, AAE C", "l").unwrap(),
+            vec![0, 1, 2]
+        );
+        assert_eq!(
+            parse_data_url("data:image/png;base64,AAE=", "l").unwrap(),
+            vec![0, 1]
+        );
+        assert_eq!(
+            parse_data_url("data:image/png;base64,A", "l")
+                .unwrap_err()
+                .kind(),
+            "InvalidDataUrl"
+        );
+        assert_eq!(
+            parse_data_url("data:;base64,AAEC", "l").unwrap_err().kind(),
+            "UnsupportedMediaType"
+        );
+        assert_eq!(
+            parse_data_url("data:image/png;base64,!!!!", "l")
+                .unwrap_err()
+                .kind(),
+            "InvalidDataUrl"
+        );
+        assert_eq!(
+            parse_data_url("notadataurl", "l").unwrap_err().kind(),
+            "InvalidDataUrl"
+        );
+        assert_eq!(
+            parse_data_url("data:text/plain;base64,AAEC", "l")
+                .unwrap_err()
+                .kind(),
+            "UnsupportedMediaType"
+        );
+    }
+
+    #[test]
+    fn a_failed_call_leaves_the_quota_alone() {
+        let mut quota = ImageQuota::new();
+        let bad = ImageSource {
+            data: ImageData::Bytes(b"xx".to_vec()),
+            detail: Default::default(),
+            path: "m".into(),
+        };
+        let err = resolve(&[bad], &mut quota, None).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            format!("m.image[0]: {}", crate::error::UNSUPPORTED)
+        );
+        assert_eq!(quota, ImageQuota::new());
+    }
+
+    #[test]
+    fn at_most_600_images_per_request() {
+        let mut quota = ImageQuota {
+            images: 599,
+            bytes: 0,
+        };
+        let bad = ImageSource {
+            data: ImageData::Bytes(b"xx".to_vec()),
+            detail: Default::default(),
+            path: String::new(),
+        };
+        let err = resolve(&[bad.clone(), bad], &mut quota, None).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "Too many images: max 600 images per request, got 601"
+        );
+    }
+
+    #[test]
+    fn urls_without_a_fetcher_are_not_fetched() {
+        let mut quota = ImageQuota::new();
+        let src = ImageSource {
+            data: ImageData::Url("http://127.0.0.1:9/a.png".into()),
+            detail: Default::default(),
+            path: String::new(),
+        };
+        assert_eq!(
+            resolve(&[src], &mut quota, None).unwrap_err().kind(),
+            "Fetch"
+        );
+    }
+}
