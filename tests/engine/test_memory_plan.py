@@ -5,6 +5,8 @@ error before anything starts."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 from deepring import cli
@@ -91,3 +93,18 @@ def test_serve_refuses_a_plan_over_max_memory_before_starting(capsys):
     assert "does not fit: cpu needs" in err
     assert "has 64.0 MiB (--max-memory)" in err
     assert err.count("\n") == 1
+
+
+def test_v41_weight_bytes_are_the_loaded_models_without_the_engram_tables():
+    """V4.1 (`v41-tiny`): the plan counts the loaded model's parameters and buffers, its
+    backbone's routed experts apart, and leaves out Engram's tables (host memory)."""
+    built = load_model("v41-tiny", device="cpu", progress=False)
+    named = dict(built.model.named_parameters())
+    host = [t for n, t in named.items() if ".engram.embed." in n]
+    experts = [t for n, t in named.items() if re.match(r"^layers\.\d+\.ffn\.experts\.", n)]
+    assert host
+    assert experts
+    device = _bytes(named.values()) + _bytes(built.model.buffers()) - _bytes(host)
+    got = memory_plan.model_bytes(built.config, torch.float32)
+    assert got.experts == _bytes(experts)
+    assert got.replicated == device - _bytes(experts)

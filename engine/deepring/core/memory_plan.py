@@ -15,6 +15,8 @@ attention, the indexer and the experts; the sampled rows' fp32 logits).
 
 from __future__ import annotations
 
+import dataclasses
+import re
 from dataclasses import dataclass
 
 import torch
@@ -53,8 +55,19 @@ class WorkerMemory:
         return self.replicated + self.experts + (self.kv or 0) + self.activations
 
 
+# V4.1 parameters by role: a backbone layer's routed experts, and Engram's n-gram tables,
+# which stay in host memory (model.v41: gathered per step, never on the accelerator).
+_V41_ROUTED = re.compile(r"^layers\.\d+\.ffn\.experts\.")
+_V41_HOST = re.compile(r"\.engram\.embed\.")
+
+
 def model_bytes(config: ModelConfig, dtype: torch.dtype) -> ModelBytes:
-    """The weights' bytes served in `dtype`, split into replicated and routed experts."""
+    """The weights' bytes served in `dtype` on the device, split into replicated and routed
+    experts (V4 or V4.1; V4.1's Engram tables are host memory and not counted)."""
+    from deepring.model.v41.config import V41Config
+
+    if isinstance(config, V41Config):
+        return _v41_bytes(config, dtype)
     from deepring.model.model import DeepseekV4
 
     with torch.device("meta"):
@@ -68,6 +81,30 @@ def model_bytes(config: ModelConfig, dtype: torch.dtype) -> ModelBytes:
     for name, p in net.named_parameters():
         n = p.numel() * (4 if keep_fp32(name) else dtype.itemsize)
         if id(p) in experts:
+            routed += n
+        else:
+            replicated += n
+    replicated += sum(b.numel() * b.element_size() for b in net.buffers())
+    return ModelBytes(replicated, routed, config.n_routed_experts)
+
+
+def _v41_bytes(config, dtype: torch.dtype) -> ModelBytes:
+    from deepring.model.v41.model import DeepseekV41
+    from deepring.model.v41.weights import keep_fp32 as v41_keep_fp32
+
+    if config.engram is not None and config.engram.compressed_vocab_size:
+        # The compressed vocabulary is a token lookup built from the tokenizer, no parameter:
+        # the meta model is built without it.
+        engram = dataclasses.replace(config.engram, compressed_vocab_size=None)
+        config = dataclasses.replace(config, engram=engram)
+    with torch.device("meta"):
+        net = DeepseekV41(config)
+    replicated = routed = 0
+    for name, p in net.named_parameters():
+        if _V41_HOST.search(name):
+            continue
+        n = p.numel() * (4 if v41_keep_fp32(name) else dtype.itemsize)
+        if _V41_ROUTED.match(name):
             routed += n
         else:
             replicated += n
