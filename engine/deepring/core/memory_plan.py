@@ -77,15 +77,7 @@ def model_bytes(config: ModelConfig, dtype: torch.dtype) -> ModelBytes:
         for layer in net.model.layers
         for t in (layer.mlp.experts.gate_up_proj, layer.mlp.experts.down_proj)
     }
-    replicated = routed = 0
-    for name, p in net.named_parameters():
-        n = p.numel() * (4 if keep_fp32(name) else dtype.itemsize)
-        if id(p) in experts:
-            routed += n
-        else:
-            replicated += n
-    replicated += sum(b.numel() * b.element_size() for b in net.buffers())
-    return ModelBytes(replicated, routed, config.n_routed_experts)
+    return _count(net, dtype, keep_fp32, lambda name, p: id(p) in experts, config)
 
 
 def _v41_bytes(config, dtype: torch.dtype) -> ModelBytes:
@@ -99,12 +91,21 @@ def _v41_bytes(config, dtype: torch.dtype) -> ModelBytes:
         config = dataclasses.replace(config, engram=engram)
     with torch.device("meta"):
         net = DeepseekV41(config)
+    def routed(name: str, _p) -> bool:
+        return _V41_ROUTED.match(name) is not None
+
+    return _count(net, dtype, v41_keep_fp32, routed, config, host=_V41_HOST)
+
+
+def _count(net, dtype, keep_fp32_of, is_routed, config, host=None) -> ModelBytes:
+    """Parameter and buffer bytes of a meta model as served in `dtype` (fp32-kept parameters
+    at 4 bytes), routed experts apart; parameters whose name `host` matches are left out."""
     replicated = routed = 0
     for name, p in net.named_parameters():
-        if _V41_HOST.search(name):
+        if host is not None and host.search(name):
             continue
-        n = p.numel() * (4 if v41_keep_fp32(name) else dtype.itemsize)
-        if _V41_ROUTED.match(name):
+        n = p.numel() * (4 if keep_fp32_of(name) else dtype.itemsize)
+        if is_routed(name, p):
             routed += n
         else:
             replicated += n
