@@ -91,6 +91,7 @@ def _v41_bytes(config, dtype: torch.dtype) -> ModelBytes:
         config = dataclasses.replace(config, engram=engram)
     with torch.device("meta"):
         net = DeepseekV41(config)
+
     def routed(name: str, _p) -> bool:
         return _V41_ROUTED.match(name) is not None
 
