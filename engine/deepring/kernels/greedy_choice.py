@@ -1,9 +1,10 @@
 """Which greedy head (kernels.greedy_head) to run, by measuring them on the weight itself.
 
-CPU flags do not say which head is fast: on an AMD EPYC with AVX512-VNNI oneDNN's int8 linear
-took ~0.75 s per call on the tiny model's 129k-row head where the bf16 one took ~5 ms, and with
-oneDNN held to AVX2 (no native bf16) the bf16 head was ~2.5x faster than fp32 for one row (the
-head is read-bound there) but ~3.5x slower for 32 rows (compute-bound, bf16 emulated). So
+CPU flags do not say which head is fast (ad-hoc timing on the 2-core dev machine, not a bench
+script): on an AMD EPYC with AVX512-VNNI oneDNN's int8 linear took ~0.75 s per call on the tiny
+model's 129k-row head where the bf16 one took ~5 ms, and with oneDNN held to AVX2 (no native
+bf16) the bf16 head was ~2.5x faster than fp32 for one row (the head is read-bound there) but
+~3.5x slower for 32 rows (compute-bound, bf16 emulated). So
 `auto` times each available head at a few row counts when the weight is prepared and, per
 batch size, runs the fastest. Every head gives the exact fp32 argmax; the choice moves speed
 only, so a measurement skewed by another process costs time, never a different token.
