@@ -460,3 +460,47 @@ def test_the_greedy_heads_masked_settle_equals_masked_fp32_logits(llm, monkeypat
     assert runs["bf16"][0] == runs["fp32"][0]
     assert runs["bf16"][1] > 0  # the masked settle answered rows
     assert runs["fp32"][1] == 0
+
+
+def test_lazy_greedy_masks_equal_the_full_masked_logits(llm):
+    """On CPU a greedy row whose grammar allowed its last argmax is not masked ahead: its new
+    argmax is validated by the matcher and only a refused one computes its mask. The tokens
+    equal those of the full path (logprobs ask for every row's whole logits, masked ahead,
+    then the argmax), and fewer masks are computed than rows decoded."""
+    schema = {
+        "type": "object",
+        "properties": {
+            "rows": {
+                "type": "array",
+                "minItems": 4,
+                "items": {
+                    "type": "object",
+                    "properties": {
+                        "id": {"type": "integer", "minimum": 0, "maximum": 999},
+                        "name": {"type": "string", "maxLength": 12},
+                    },
+                    "required": ["id", "name"],
+                    "additionalProperties": False,
+                },
+            }
+        },
+        "required": ["rows"],
+        "additionalProperties": False,
+    }
+    constraint = build.json_schema(schema)
+    prompts = [[5 + i, 17, 300 + 11 * i] for i in range(6)]
+    lazy = SamplingParams(temperature=0, max_tokens=96)
+    full = SamplingParams(temperature=0, max_tokens=96, logprobs=0)
+    llm.generate(prompts[:1], SamplingParams(temperature=0, max_tokens=2), constraints=constraint)
+    masks = llm.engine.runner.masks
+    before = (masks.computed, masks.late)
+    got = llm.generate(prompts, lazy, constraints=constraint)
+    computed, late = masks.computed - before[0], masks.late - before[1]
+    want = llm.generate(prompts, full, constraints=constraint)
+    assert [o.token_ids for o in got] == [o.token_ids for o in want]
+    decoded = sum(len(o.token_ids) for o in got)
+    assert late > 0  # refused argmaxes computed their masks after the model ran
+    assert computed < decoded, (computed, decoded)  # allowed argmaxes computed none
+    for o in got:  # each output is a prefix of a valid document (the budget may cut it)
+        if o.finish_reason == "stop":
+            jsonschema.validate(json.loads(llm.tokenizer.decode(o.token_ids[:-1])), schema)

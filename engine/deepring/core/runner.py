@@ -81,8 +81,8 @@ class ModelRunner:
         # its grammar allows it and is otherwise recomputed from its own logits, masked. The
         # greedy head returns argmax ids only: a request with penalties or logprobs needs the
         # full logits (for the whole step; the others' argmax is the same either way).
-        pending = self._start_masks(sampling)
         greedy = all(s.request.params.argmax_only for s in sampling)
+        pending = self._start_masks(sampling, greedy)
         try:
             out_step = self.model(batch, self.pool, greedy=greedy)
         finally:
@@ -140,7 +140,7 @@ class ModelRunner:
 
         return logits
 
-    def _start_masks(self, sampling: list[Scheduled]):
+    def _start_masks(self, sampling: list[Scheduled], greedy: bool):
         states = [s.request.grammar for s in sampling]
         if all(g is None for g in states):
             return None
@@ -148,7 +148,11 @@ class ModelRunner:
             from deepring.structured.runtime import TokenMasks
 
             self.masks = TokenMasks(self.model.config.vocab_size)
-        return self.masks.start(states)
+        # On CPU a mask computed beside the forward takes a core from it: greedy rows whose
+        # grammar allowed their last argmax validate the new one first (TokenMasks.start). On a
+        # GPU the host is otherwise idle during the forward, so every mask is computed ahead.
+        lazy = greedy and self.model.device.type != "cuda"
+        return self.masks.start(states, lazy=lazy)
 
 
 def _forced(sampling: list[Scheduled]) -> dict[int, int]:

@@ -12,7 +12,13 @@ batched token mask applied to the logits before sampling.
   its cache is recomputed).
 - `TokenMasks`: each step, the bitmask of every constrained row, computed by llguidance's
   parallel executor on a helper thread while the model runs (llguidance releases the GIL), then
-  applied in place to those logits rows (-inf for disallowed tokens).
+  applied in place to those logits rows (-inf for disallowed tokens). Greedy rows may instead be
+  checked after the model ran (`start(lazy=True)`): the argmax is validated by the matcher
+  (microseconds) and only a refused row computes its mask. On CPU the forward already uses every
+  core, so a mask computed beside it is not free: inside a bounded string (`maxLength`) each
+  mask costs ~0.3-5 ms, while the argmax is refused there only near the bound. A row refused
+  once is computed ahead again next step (`GrammarState.eager`): structure positions are
+  refused step after step, string bodies rarely.
 """
 
 from __future__ import annotations
@@ -40,6 +46,20 @@ _LIMITS = dict(initial_lexer_fuel=500_000, step_lexer_fuel=200_000, step_max_ite
 # A refused greedy row with at most this many allowed tokens computes only their logits.
 _SPARSE_TOKENS = 4096
 
+# llguidance's slicer: tokens are grouped by the first of these regexes they match, and a slice
+# whose every token the lexer state accepts is added to the mask without walking its trie. The
+# defaults (general_slices) have string-body slices of 1-10, 1-30 and any length, so inside a
+# bounded string (maxLength) with fewer than 10 characters left every token is walked: ~1.2 ms
+# per mask for our 129k vocabulary. Finer string-body slices keep most tokens in slices that
+# the remaining length still accepts: masks ~1.6x cheaper over bounded strings (maxLength 12,
+# 40, 100), unchanged elsewhere, identical masks (tests/engine/test_structured_masks.py).
+_STRING_BODY = r'[^"\\\x00-\x1F\x7F]'
+_SLICES = [
+    r"[\x20\x0A\x0D\x09]+",
+    *(f"{_STRING_BODY}{{1,{k}}}" for k in (1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 20, 25, 30)),
+    f"{_STRING_BODY}+",
+]
+
 _TOKENIZERS: dict[tuple[str, int, tuple[int, ...]], llguidance.LLTokenizer] = {}
 _TOKENIZERS_LOCK = threading.Lock()
 
@@ -51,7 +71,9 @@ def llg_tokenizer(path: str | Path, vocab_size: int, eos_ids: Sequence[int]):
         tok = _TOKENIZERS.get(key)
         if tok is None:
             eos = list(eos_ids) or None
-            tok = llguidance.LLTokenizer(str(path), n_vocab=vocab_size, eos_token=eos)
+            tok = llguidance.LLTokenizer(
+                str(path), n_vocab=vocab_size, eos_token=eos, slices=_SLICES
+            )
             _TOKENIZERS[key] = tok
         return tok
 
@@ -59,11 +81,14 @@ def llg_tokenizer(path: str | Path, vocab_size: int, eos_ids: Sequence[int]):
 class GrammarState:
     """One request's matcher."""
 
-    __slots__ = ("error", "matcher")
+    __slots__ = ("eager", "error", "matcher")
 
     def __init__(self, matcher: llguidance.LLMatcher) -> None:
         self.matcher = matcher
         self.error: str | None = None
+        # Whether a lazy (greedy, CPU) step computes this row's mask ahead: its last argmax was
+        # refused (or nothing is known yet).
+        self.eager = True
 
     def advance(self, token: int) -> bool:
         """Consume a sampled token; False (and `error` set) when the grammar refuses it."""
@@ -121,6 +146,18 @@ class GrammarCompiler:
         return GrammarState(m)
 
 
+class Pending:
+    """The masks of one step: `ahead` rows computed by `future` while the model runs, `later`
+    rows (lazy greedy rows) left for after it."""
+
+    __slots__ = ("ahead", "future", "later")
+
+    def __init__(self, future: Future | None, ahead: list, later: list) -> None:
+        self.future = future
+        self.ahead: list[tuple[int, GrammarState]] = ahead
+        self.later: list[tuple[int, GrammarState]] = later
+
+
 class TokenMasks:
     """The token bitmask of a step's constrained rows and its application to the logits."""
 
@@ -136,36 +173,53 @@ class TokenMasks:
         self.steps = 0  # steps with a constrained row
         self.rows = 0  # rows masked
         self.settled = 0  # of them, greedy rows the greedy head's masked settle answered
+        self.late = 0  # masks computed after the model ran (lazy rows whose argmax was refused)
+        self.computed = 0  # masks computed in all (ahead and late)
 
-    def start(self, states: Sequence[GrammarState | None]) -> Future | None:
+    def start(self, states: Sequence[GrammarState | None], lazy: bool = False) -> Pending | None:
         """Begin computing the masks of the rows with a state (on a helper thread); None when no
-        row has one. Call `apply` (or `wait`) before the states advance."""
+        row has one. lazy (greedy steps only): rows whose last argmax their grammar allowed are
+        left to `fix_greedy`, which validates the new argmax first. Call `apply`, `fix_greedy`
+        or `wait` before the states advance."""
         rows = [(i, s) for i, s in enumerate(states) if s is not None]
         if not rows:
             return None
         n = len(states)
         if self._buf.shape[0] < n:
             self._buf = np.zeros((max(n, 2 * self._buf.shape[0]), self.words), dtype=np.int32)
-        buf = self._buf
-        pairs = [(s.matcher, i) for i, s in rows]
-
-        def compute() -> list[int]:
-            t0 = time.perf_counter()
-            self.executor.unsafe_compute_mask_ptr(
-                pairs, buf.ctypes.data, self.words * 4, buf.shape[0]
-            )
-            self.compute_seconds += time.perf_counter() - t0
-            return [i for i, _ in rows]
-
+        ahead = [(i, s) for i, s in rows if s.eager or not lazy]
+        later = [(i, s) for i, s in rows if lazy and not s.eager]
         self.steps += 1
-        return self._pool.submit(compute)
+        pairs = [(s.matcher, i) for i, s in ahead]
+        return Pending(self._pool.submit(self._compute, pairs) if ahead else None, ahead, later)
 
-    def wait(self, pending: Future | None) -> None:
-        """Wait for the masks of `start` (the time the model did not hide is counted)."""
-        if pending is not None and not pending.done():
-            t0 = time.perf_counter()
-            pending.result()
-            self.seconds += time.perf_counter() - t0
+    def _compute(self, pairs: list) -> None:
+        """Masks of (matcher, buffer row) pairs into the buffer (llguidance's parallel
+        executor, without the GIL)."""
+        if not pairs:
+            return
+        t0 = time.perf_counter()
+        self.computed += len(pairs)
+        buf = self._buf
+        self.executor.unsafe_compute_mask_ptr(pairs, buf.ctypes.data, self.words * 4, buf.shape[0])
+        self.compute_seconds += time.perf_counter() - t0
+
+    def wait(self, pending: Pending | None) -> None:
+        """Wait for the masks of `start` (the time the model did not hide is counted); raises
+        what computing them raised."""
+        if pending is None or pending.future is None:
+            return
+        t0 = time.perf_counter()
+        pending.future.result()
+        self.seconds += time.perf_counter() - t0
+
+    def _complete(self, pending: Pending, rows: list[tuple[int, GrammarState]]) -> None:
+        """Compute the masks of some of `pending`'s later rows now (after the model ran)."""
+        self.wait(pending)
+        t0 = time.perf_counter()
+        self._compute([(s.matcher, i) for i, s in rows])
+        self.seconds += time.perf_counter() - t0
+        self.late += len(rows)
 
     def _bits(self, row: int) -> np.ndarray:
         """Row `row` of the last masks as one bool per token id (vocab_size)."""
@@ -177,7 +231,7 @@ class TokenMasks:
         return 0 <= token < self.vocab_size and bool((word >> (token & 31)) & 1)
 
     @torch.inference_mode()
-    def apply(self, logits: torch.Tensor, pending: Future | None, rows=None) -> None:
+    def apply(self, logits: torch.Tensor, pending: Pending | None, rows=None) -> None:
         """Wait for the masks of `start` and set every disallowed logit of those rows to -inf,
         in place. logits: [rows, >= vocab_size] (columns past the vocabulary are disallowed).
         rows: (mask row, logits row) pairs when logits holds only some rows (default: the
@@ -186,7 +240,10 @@ class TokenMasks:
             return
         self.wait(pending)
         if rows is None:
-            rows = [(i, i) for i in pending.result()]
+            if pending.later:  # (lazy rows are for greedy steps; a sampled one needs all)
+                self._complete(pending, pending.later)
+                pending.ahead, pending.later = pending.ahead + pending.later, []
+            rows = [(i, i) for i, _ in pending.ahead]
         self.rows += len(rows)
         v = self.vocab_size
         if logits.is_cuda:
@@ -223,7 +280,9 @@ class TokenMasks:
         masked[:, v:] = float("-inf")
         logits.index_copy_(0, dst, masked)
 
-    def fix_greedy(self, tokens: list[int], pending: Future | None, head, masked=None) -> list[int]:
+    def fix_greedy(
+        self, tokens: list[int], pending: Pending | None, head, masked=None
+    ) -> list[int]:
         """Greedy tokens of a step whose rows took the argmax-only head: a constrained row
         keeps its argmax when the grammar allows it (it is then also the masked argmax: the
         first maximum among the allowed tokens); otherwise the argmax of its allowed tokens'
@@ -235,9 +294,16 @@ class TokenMasks:
         if pending is None:
             return tokens
         self.wait(pending)
+        # A later row's argmax is validated by its matcher; only a refused one needs its mask.
+        refused = [(i, s) for i, s in pending.later if not s.allows(tokens[i])]
+        for _, s in pending.later:
+            s.eager = False
+        if refused:
+            self._complete(pending, refused)
         dense, sparse = [], []
-        for i in pending.result():
-            if self.allows(i, tokens[i]):
+        for i, s in pending.ahead + refused:
+            s.eager = not self.allows(i, tokens[i])
+            if not s.eager:
                 continue
             allowed = np.flatnonzero(self._bits(i))
             if len(allowed) == 0:
