@@ -65,15 +65,26 @@ impl Canvas {
         image_tokens(self.wp as u64, self.hp as u64)
     }
 
-    /// The canvas of a `w x h` image, before the WebP side cap ([`Canvas::capped`]); the official
-    /// counts an `ImageInfo`'s tokens with this.
+    /// The canvas of a `w x h` image, before the WebP side cap ([`Canvas::encoded`]); the
+    /// official counts an `ImageInfo`'s tokens with this.
     pub fn fit(w: u32, h: u32) -> Result<Canvas, CalcResizeError> {
+        Self::fit_shrunk(w, h).map(|(c, _)| c)
+    }
+
+    /// The canvas the preprocessor encodes: [`Canvas::fit`], then capped for WebP.
+    pub fn encoded(w: u32, h: u32) -> Result<Canvas, CalcResizeError> {
+        Self::fit_shrunk(w, h).map(|(c, shrunk)| c.capped(shrunk))
+    }
+
+    /// The canvas, and whether the token budget shrank it.
+    fn fit_shrunk(w: u32, h: u32) -> Result<(Canvas, bool), CalcResizeError> {
         let err = CalcResizeError {
             width: w,
             height: h,
         };
         let (mut wp, mut hp) = base(w as u64, h as u64);
-        if image_tokens(wp, hp) > MAX_TOKENS {
+        let shrunk = image_tokens(wp, hp) > MAX_TOKENS;
+        if shrunk {
             (wp, hp) = shrink(w, h).ok_or(err.clone())?;
             // A shrunk canvas can fall under MIN_PIXELS (the floors of a very thin image can
             // lose a whole patch column); the official then scales that canvas up again, and
@@ -86,21 +97,26 @@ impl Canvas {
             }
         }
         let to_u32 = |v: u64| u32::try_from(v).map_err(|_| err.clone());
-        Ok(Canvas {
+        let canvas = Canvas {
             wp: to_u32(wp)?,
             hp: to_u32(hp)?,
-        })
+        };
+        Ok((canvas, shrunk))
     }
 
-    /// The canvas with its long side capped at [`MAX_SIDE_PATCHES`] (what the preprocessor
-    /// encodes). A one-patch short side becomes two, as the official's does.
-    pub fn capped(self) -> Canvas {
+    /// The canvas with its long side capped at [`MAX_SIDE_PATCHES`], the short side scaled by
+    /// the same ratio and rounded up, at least two patches. A canvas the token budget shrank
+    /// counts its short side as at least one token column (3 patches) there. Recovered by
+    /// probing the official wheel: 396 of 401 random capped canvases matched, the others are
+    /// a patch apart on the short side with the same token count (recipe/DEVIATIONS.md I5).
+    fn capped(self, shrunk: bool) -> Canvas {
         let cap = |long: u32, short: u32| {
-            if long > MAX_SIDE_PATCHES {
-                (MAX_SIDE_PATCHES, short.max(2))
-            } else {
-                (long, short)
+            if long <= MAX_SIDE_PATCHES {
+                return (long, short);
             }
+            let short = if shrunk { short.max(MERGE) } else { short } as u64;
+            let scaled = (short * MAX_SIDE_PATCHES as u64).div_ceil(long as u64);
+            (MAX_SIDE_PATCHES, (scaled as u32).max(2))
         };
         if self.wp >= self.hp {
             let (wp, hp) = cap(self.wp, self.hp);
@@ -244,12 +260,41 @@ mod tests {
         assert_eq!(token_adjustment([(0, 5)]).unwrap(), 2);
     }
 
+    // (w, h) -> the encoded canvas in patches, from the official wheel: capped for WebP.
+    const CAPPED: &[(u32, u32, u32, u32)] = &[
+        (1, 907, 2, 1170),
+        (1, 1557, 3, 1170),
+        (10, 13729, 2, 1170),
+        (10, 21394, 3, 1170),
+        (35, 24643, 3, 1170),
+        (16435, 35, 1170, 3),
+        (16791, 2, 1170, 2),
+        (19007, 62, 1170, 5),
+        (19996, 47, 1170, 4),
+        (21966, 89, 1170, 5),
+        (23050, 109, 1170, 6),
+        (24798, 31, 1170, 2),
+    ];
+
     #[test]
-    fn thin_images_are_capped_for_webp() {
-        let c = Canvas::fit(1, 907).unwrap();
-        assert_eq!((c.wp, c.hp), (2, 1171));
-        assert_eq!(c.capped(), Canvas { wp: 2, hp: 1170 });
-        assert!(Canvas::fit(3000, 1).unwrap().capped().width() <= 16383);
+    fn thin_images_are_capped_for_webp_as_the_official() {
+        for &(w, h, wp, hp) in CAPPED {
+            let c = Canvas::encoded(w, h).unwrap();
+            assert_eq!((c.wp, c.hp), (wp, hp), "{w}x{h}");
+            // the token count is the uncapped canvas's
+            assert!(
+                Canvas::fit(w, h)
+                    .unwrap()
+                    .wp
+                    .max(Canvas::fit(w, h).unwrap().hp)
+                    > 1170
+            );
+        }
+        assert!(Canvas::encoded(3000, 1).unwrap().width() <= 16383);
+        assert_eq!(
+            Canvas::encoded(640, 480).unwrap(),
+            Canvas::fit(640, 480).unwrap()
+        );
     }
 
     #[test]

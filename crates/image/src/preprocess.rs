@@ -76,9 +76,7 @@ pub fn preprocess(
         }
         _ => (rgb.width, rgb.height),
     };
-    let canvas = Canvas::fit(w, h)
-        .map_err(|_| ImageError::Resize(loc()))?
-        .capped();
+    let canvas = Canvas::encoded(w, h).map_err(|_| ImageError::Resize(loc()))?;
     let (iw, ih, left, top) = canvas.content(w, h);
     let content = resample(rgb, iw, ih).ok_or_else(|| ImageError::Resize(loc()))?;
     let (cw, ch) = (canvas.width() as usize, canvas.height() as usize);
