@@ -40,27 +40,6 @@ def _e8m0(raw):
 
 
 @triton.jit
-def _fp8_block_linear_kernel(
-    x_ptr, w_ptr, s_ptr, out_ptr, M, N, K, stride_xm, stride_wn, stride_sn, stride_om,
-    QB: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
-):  # fmt: skip
-    rm = tl.program_id(0) * BM + tl.arange(0, BM)
-    rn = tl.program_id(1) * BN + tl.arange(0, BN)
-    acc = tl.zeros((BM, BN), tl.float32)
-    for k0 in range(0, K, BK):
-        rk = k0 + tl.arange(0, BK)
-        x = _x_tile(x_ptr, rm, rk, M, K, stride_xm)
-        wm = (rn[:, None] < N) & (rk[None, :] < K)
-        raw = tl.load(w_ptr + rn[:, None] * stride_wn + rk[None, :], mask=wm, other=0)
-        w = raw.to(tl.float8e4nv, bitcast=True).to(tl.float32)
-        s = tl.load(s_ptr + (rn[:, None] // QB) * stride_sn + rk[None, :] // QB, mask=wm, other=127)
-        w = w * _e8m0(s)
-        acc += tl.dot(x, tl.trans(w), input_precision="ieee")
-    tl.store(out_ptr + rm[:, None] * stride_om + rn[None, :], acc,
-             mask=(rm[:, None] < M) & (rn[None, :] < N))  # fmt: skip
-
-
-@triton.jit
 def _e2m1(code):
     """E2M1 code (4 bits: sign, 2 exponent bits, 1 mantissa bit) -> fp32."""
     e = (code >> 1) & 3
@@ -70,9 +49,28 @@ def _e2m1(code):
 
 
 @triton.jit
-def _mxfp4_linear_kernel(
+def _w_tile(w_ptr, s_ptr, rn, rk, N, K, stride_wn, stride_sn, QB: tl.constexpr,
+            FP4: tl.constexpr):  # fmt: skip
+    """The weight's [BN, BK] tile decoded to fp32 (zeros past the edges). FP8: one byte per
+    value, one scale per QB x QB tile. FP4 (MXFP4): each byte holds inputs 2j (low nibble) and
+    2j + 1 (high), loaded per input with that input's half shifted out; one scale per QB
+    inputs of a row."""
+    wm = (rn[:, None] < N) & (rk[None, :] < K)
+    if FP4:
+        raw = tl.load(w_ptr + rn[:, None] * stride_wn + rk[None, :] // 2, mask=wm, other=0)
+        w = _e2m1((raw.to(tl.int32) >> ((rk[None, :] % 2) * 4)) & 0xF)
+        s = tl.load(s_ptr + rn[:, None] * stride_sn + rk[None, :] // QB, mask=wm, other=127)
+    else:
+        raw = tl.load(w_ptr + rn[:, None] * stride_wn + rk[None, :], mask=wm, other=0)
+        w = raw.to(tl.float8e4nv, bitcast=True).to(tl.float32)
+        s = tl.load(s_ptr + (rn[:, None] // QB) * stride_sn + rk[None, :] // QB, mask=wm, other=127)
+    return w * _e8m0(s)
+
+
+@triton.jit
+def _quant_linear_kernel(
     x_ptr, w_ptr, s_ptr, out_ptr, M, N, K, stride_xm, stride_wn, stride_sn, stride_om,
-    GROUP: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+    QB: tl.constexpr, FP4: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
 ):  # fmt: skip
     rm = tl.program_id(0) * BM + tl.arange(0, BM)
     rn = tl.program_id(1) * BN + tl.arange(0, BN)
@@ -80,13 +78,7 @@ def _mxfp4_linear_kernel(
     for k0 in range(0, K, BK):
         rk = k0 + tl.arange(0, BK)
         x = _x_tile(x_ptr, rm, rk, M, K, stride_xm)
-        wm = (rn[:, None] < N) & (rk[None, :] < K)
-        # Each byte holds inputs 2j (low nibble) and 2j + 1 (high): load it per input and
-        # shift out that input's half.
-        raw = tl.load(w_ptr + rn[:, None] * stride_wn + rk[None, :] // 2, mask=wm, other=0)
-        code = (raw.to(tl.int32) >> ((rk[None, :] % 2) * 4)) & 0xF
-        s = tl.load(s_ptr + rn[:, None] * stride_sn + rk[None, :] // GROUP, mask=wm, other=127)
-        w = _e2m1(code) * _e8m0(s)
+        w = _w_tile(w_ptr, s_ptr, rn, rk, N, K, stride_wn, stride_sn, QB, FP4)
         acc += tl.dot(x, tl.trans(w), input_precision="ieee")
     tl.store(out_ptr + rm[:, None] * stride_om + rn[None, :], acc,
              mask=(rm[:, None] < M) & (rn[None, :] < N))  # fmt: skip
@@ -100,15 +92,15 @@ def _bytes(t: torch.Tensor, name: str) -> torch.Tensor:
     return t.contiguous()
 
 
-def _launch(kernel, x, w, scale, n, k, extra: int) -> torch.Tensor:
+def _launch(x, w, scale, n, k, qb: int, fp4: bool) -> torch.Tensor:
     if x.dim() != 2 or x.shape[1] != k:
         raise ValueError(f"x must be [M, {k}], got {tuple(x.shape)}")
     x = x.contiguous()
     out = torch.empty(x.shape[0], n, dtype=torch.float32, device=x.device)
     grid = (triton.cdiv(x.shape[0], BLOCK_M), triton.cdiv(n, BLOCK_N))
-    kernel[grid](
+    _quant_linear_kernel[grid](
         x, w, scale, out, x.shape[0], n, k, x.stride(0), w.stride(0), scale.stride(0),
-        out.stride(0), extra, BM=BLOCK_M, BN=BLOCK_N, BK=BLOCK_K,
+        out.stride(0), qb, fp4, BM=BLOCK_M, BN=BLOCK_N, BK=BLOCK_K,
     )  # fmt: skip
     return out
 
@@ -126,7 +118,7 @@ def fp8_block_linear(
         )
     if block % BLOCK_K:
         raise ValueError(f"the FP8 block edge must be a multiple of {BLOCK_K}, got {block}")
-    return _launch(_fp8_block_linear_kernel, x, w, scale, n, k, block)
+    return _launch(x, w, scale, n, k, block, fp4=False)
 
 
 def mxfp4_linear(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
@@ -138,4 +130,4 @@ def mxfp4_linear(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor) -> torch
             f"an MXFP4 weight of {n}x{k} values needs a scale of shape {(n, k // MXFP4_GROUP)}, "
             f"got {tuple(scale.shape)}"
         )
-    return _launch(_mxfp4_linear_kernel, x, w, scale, n, k, MXFP4_GROUP)
+    return _launch(x, w, scale, n, k, MXFP4_GROUP, fp4=True)
