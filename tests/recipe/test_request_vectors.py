@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 import deepring_recipe as M
+import numpy as np
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent.parent / "conformance"))
@@ -255,3 +256,6 @@ def test_recorded_request(case, encoders):
         if "token_ids" in want:
             assert list(ids) == want["token_ids"], key
         assert len(ids) == want["n_tokens"], key
+        # Addition A3: the same ids as little-endian int32 bytes.
+        packed = encoders[key].encode_bytes(conversation)
+        assert np.frombuffer(packed, dtype="<i4").tolist() == list(ids), key

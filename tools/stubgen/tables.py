@@ -132,6 +132,7 @@ TYPES: dict[str, dict[str, Any]] = {
     "*": {
         "convert": {"return": "ConversationRequest"},
         "encode": {"return": "list[int]"},
+        "encode_bytes": {"return": "bytes"},
         "model": "str",
         "render_conversation": {"return": "RenderedPrompt"},
         "to_json": {"return": "str"},

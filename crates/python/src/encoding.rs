@@ -6,6 +6,7 @@ use deepring_recipe::{Encoding, ModelVersion};
 use deepring_tokenizer::Tokenizer;
 use pyo3::exceptions::PyRuntimeError;
 use pyo3::prelude::*;
+use pyo3::types::PyBytes;
 
 use crate::conversation::PyConversation;
 use crate::detach::maybe_detached;
@@ -146,6 +147,26 @@ macro_rules! encoding_class {
             ) -> PyResult<Vec<u32>> {
                 let conv = &conversation.inner;
                 py.detach(|| self.state.encode_ids(conv))
+            }
+
+            /// `encode`'s ids as little-endian int32 bytes (`numpy.frombuffer(b, "<i4")`): a
+            /// long prompt's ids without one Python int per token, which a caller would hold
+            /// the GIL to build (~80 ms for an 8 MB prompt, stalling every other thread).
+            fn encode_bytes<'py>(
+                &self,
+                py: Python<'py>,
+                conversation: PyRef<'_, PyConversation>,
+            ) -> PyResult<Bound<'py, PyBytes>> {
+                let conv = &conversation.inner;
+                let bytes = py.detach(|| -> PyResult<Vec<u8>> {
+                    let ids = self.state.encode_ids(conv)?;
+                    // Token ids are below 2^31 (vocabularies of ~130k entries).
+                    Ok(ids
+                        .iter()
+                        .flat_map(|&id| (id as i32).to_le_bytes())
+                        .collect())
+                })?;
+                Ok(PyBytes::new(py, &bytes))
             }
         }
     };

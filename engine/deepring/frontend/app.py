@@ -21,8 +21,6 @@ import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-import numpy as np
-
 from deepring.config import CACHE_CLASSES, FrontendConfig
 from deepring.frontend.auth import Authenticator
 from deepring.frontend.client import EngineClient
@@ -340,12 +338,10 @@ __all__ = ["App", "error_body"]
 
 
 def _prepare_long(recipe: Recipe, api: Api, body: bytes, max_model_len: int) -> Prepared:
-    """Recipe.prepare on a worker thread, plus the int32 array of the prompt the ring sends:
-    for a long prompt, converting a list of a million ids takes tens of milliseconds, which
-    must not be the event loop's."""
-    prep = recipe.prepare(api, body, max_model_len)
-    prep.prompt_ids = np.asarray(prep.prompt_ids, dtype=np.int32)
-    return prep
+    """Recipe.prepare on a worker thread, the prompt as the int32 array the ring sends: for a
+    long prompt, a list of a million ids (and its conversion) holds the GIL for tens of
+    milliseconds, which would be the event loop's too."""
+    return recipe.prepare(api, body, max_model_len, as_array=True)
 
 
 def _require_json(req: HttpRequest) -> None:
