@@ -228,6 +228,11 @@ def test_model_greedy_tokens_agree_with_and_without_the_fast_head(monkeypatch, r
     from deepring.model.loader import load_model
     from deepring.model.tiny import tiny_config
 
+    if kind == "int8" and rows == 40:
+        # The int8 GEMM's multi-row path is the 5-row case's; oneDNN's int8 linear takes ~17 s
+        # for 40 rows of the 129k-row head on some CPUs (AMD EPYC), twice per run of the suite.
+        pytest.skip("int8 at 40 rows: covered by 5 rows (and slow on some CPUs)")
+
     net = load_model(tiny_config(), load_format="dummy", progress=False).model
     h = torch.randn(rows, net.config.hc_mult, net.config.hidden_size, generator=_gen(6))
     with torch.inference_mode():
