@@ -11,10 +11,11 @@ import torch
 from ep_helpers import N_DECODE, SEED, Workload, prompts, run_group, save_per_expert
 from v4_helpers import greedy_generate, model_config, ours, prefill_logits
 
+# Without and with redundant slots at 2 ranks; 4 ranks with them (4 ranks without them takes
+# the 2-rank path with a quarter of the experts per rank: left out, ~20 s of CI per run).
 CASES = [
     Workload("swa-csa-hca", n_ranks=2, n_redundant=0, rebalance_at=6),
     Workload("swa-csa-hca", n_ranks=2, n_redundant=2, rebalance_at=6),
-    Workload("swa-csa-hca", n_ranks=4, n_redundant=0, rebalance_at=7),
     Workload("swa-csa-hca", n_ranks=4, n_redundant=4, rebalance_at=7),
 ]
 
