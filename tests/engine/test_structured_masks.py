@@ -85,3 +85,24 @@ def test_json_schema_masks_equal_the_default_slicers(tokenizers, schema, data):
 @given(regex=_REGEX, data=st.data())
 def test_regex_masks_equal_the_default_slicers(tokenizers, regex, data):
     _walk(tokenizers, build.regex(regex).grammar, data)
+
+
+def test_allowed_ids_and_counts_read_from_the_packed_words():
+    """TokenMasks reads a refused row's allowed ids and their count from the packed words (the
+    nonzero words only, a popcount): equal to unpacking every bit, on empty, sparse, dense and
+    sign-bit rows."""
+    from deepring.structured.runtime import TokenMasks
+
+    masks = TokenMasks(VOCAB)
+    rng = np.random.default_rng(1)
+    rows = rng.integers(-(2**31), 2**31, size=(5, masks.words), dtype=np.int64).astype(np.int32)
+    rows[0] = 0  # nothing allowed
+    rows[1] = 0
+    rows[1, [3, 100, 4000]] = [5, np.int32(-(2**31)), 1]  # a few ids, one the sign bit
+    rows[2] &= rng.integers(0, 2, size=masks.words).astype(np.int32)  # sparse
+    rows[:, -1] &= (1 << (VOCAB % 32)) - 1  # no bits past the vocabulary
+    masks._buf = rows
+    for r in range(len(rows)):
+        want = np.flatnonzero(masks._bits(r))
+        assert np.array_equal(masks._ids(r), want), r
+        assert masks._count(r) == len(want), r

@@ -226,6 +226,20 @@ class TokenMasks:
         packed = self._buf[row].view(np.uint8)
         return np.unpackbits(packed, bitorder="little")[: self.vocab_size].view(np.bool_)
 
+    def _count(self, row: int) -> int:
+        """How many tokens row `row` of the last masks allows (a popcount of its words)."""
+        return int(np.bitwise_count(self._buf[row].view(np.uint32)).sum())
+
+    def _ids(self, row: int) -> np.ndarray:
+        """The token ids row `row` of the last masks allows, ascending: only its nonzero words
+        are expanded (a sparse row's few ids without unpacking the whole vocabulary)."""
+        words = self._buf[row].view(np.uint32)
+        nonzero = np.flatnonzero(words)
+        bits = np.unpackbits(words[nonzero].view(np.uint8), bitorder="little")
+        at, bit = np.nonzero(bits.reshape(len(nonzero), 32))
+        ids = nonzero[at] * 32 + bit
+        return ids[ids < self.vocab_size]
+
     def allows(self, row: int, token: int) -> bool:
         word = int(self._buf[row, token >> 5])
         return 0 <= token < self.vocab_size and bool((word >> (token & 31)) & 1)
@@ -305,11 +319,15 @@ class TokenMasks:
             s.eager = not self.allows(i, tokens[i])
             if not s.eager:
                 continue
-            allowed = np.flatnonzero(self._bits(i))
-            if len(allowed) == 0:
+            count = self._count(i)
+            ids = self._ids(i) if 0 < count <= _SPARSE_TOKENS else None
+            if count == 0 or (ids is not None and len(ids) == 0):
                 continue  # a matcher in error: the engine drops its constraint on advance
             self.rows += 1
-            (dense if len(allowed) > _SPARSE_TOKENS else sparse).append((i, allowed))
+            if ids is None:
+                dense.append(i)
+            else:
+                sparse.append((i, ids))
         if sparse:
             # One head call for every sparse row, over the union of their allowed tokens.
             union = np.unique(np.concatenate([a for _, a in sparse]))
@@ -317,7 +335,6 @@ class TokenMasks:
             for (i, allowed), row in zip(sparse, logits, strict=True):
                 cols = torch.from_numpy(np.searchsorted(union, allowed))
                 tokens[i] = int(allowed[int(row.index_select(0, cols).argmax())])
-        dense = [i for i, _ in dense]
         if dense and masked is not None:
             # The greedy head's own approximate logits, masked and settled again: exact, and
             # no fp32 row of the whole vocabulary (kernels.greedy_head.masked_argmax).
