@@ -70,6 +70,9 @@ class ClusterConfig:
     # Runs of trivial decode steps in one go (sim.fastforward); False: every step through the
     # scheduler (slower, for checking the two agree).
     fast_forward: bool = True
+    # Steady decode steps outside those runs applied without the scheduler (sim.fastforward's
+    # `step`); the same simulation either way, False for checking that.
+    fast_steps: bool = True
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -397,7 +400,9 @@ class Cluster:
                 self._wake_at(w, run.ends[-1])
                 return  # its report goes out when the run ends
             steps = w.engine.num_steps
-            w.role.step()
+            fast = self.config.fast_steps and isinstance(w.role, DecodeRole)
+            if not (fast and fastforward.step(w.role, w.runner)):
+                w.role.step()
             if w.engine.num_steps > steps:
                 self._account(w, t, w.clock.now - t)
                 self._wake_at(w, w.clock.now)

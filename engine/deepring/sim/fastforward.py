@@ -15,6 +15,10 @@ after the message's arrival, as the real worker loop would take it there.
 What differs from stepping one by one (tests/engine/test_sim.py checks the two against each
 other): the frontend hears a run's tokens when the run ends, at most one report interval late,
 and block ids are handed out in another order.
+
+`step` is one such step outside a run (the step that crosses a load report, admits a handoff or
+finishes a request): what role.step would do, float for float, without the scheduler's
+per-request objects; the simulation is the same with or without it.
 """
 
 from __future__ import annotations
@@ -78,6 +82,90 @@ def plan(role: DecodeRole, runner: SimRunner, until: float, min_steps: int = 2) 
         if t >= until:
             break
     return run if len(run.ends) >= min_steps else None
+
+
+def step(role: DecodeRole, runner: SimRunner) -> bool:
+    """role.step() where the step is steady (as `plan` asks, except that requests may reach
+    max_tokens: they finish as in the engine); False where it is not, and role.step() must do
+    it (this has done its role.admit() then, which that repeats without effect: the admission
+    state is unchanged). It changes the engine, the fit and the clock exactly as role.step
+    would, and sends the same Tokens message."""
+    role.admit()
+    engine = role.engine
+    s = engine.scheduler
+    running = s.running
+    if (
+        not _steady(role, engine)
+        or len(running) > s.config.max_num_batched_tokens
+        or engine.spec is not None
+        or engine.prefix is not None
+        or engine.on_compute is not None
+        or role.outbox is not None
+    ):
+        return False
+    if not all(not r.drafts and r.grammar is None and r.new_logprob is None for r in running):
+        return False
+    bs = engine.block_size
+    blocks = engine.blocks
+    # The scheduler grows every request by a token before the step: none is preempted when
+    # the blocks this needs are free.
+    need = [-(-(r.num_cached + 1) // bs) - len(r.blocks) for r in running]
+    if sum(n for n in need if n > 0) > blocks.num_free:
+        return False
+    batch = len(running)
+    # StepShape.of's sums: integers, exact in a float.
+    shape = StepShape(batch, batch, 0.0, float(sum(r.num_cached for r in running) + batch))
+    clock = runner.clock
+    t0 = clock.now
+    seconds = runner.duration(shape)
+    clock.now += seconds
+    runner.last = (shape, seconds)
+    runner.last_decodes = batch
+    engine.num_steps += 1
+    stepped = list(running)  # finishing requests leave `running`
+    stops = []
+    for r, n in zip(stepped, need, strict=True):
+        if n > 0:
+            r.blocks.extend(blocks.allocate(n))
+        r.num_cached += 1
+        out = r.output_ids
+        token = runner.token_at(r.seed, len(r.prompt_ids) + len(out))
+        out.append(token)
+        p = r.params
+        if token == p.think_end_id:
+            r.thinking_ended = True
+        if len(out) >= p.max_tokens:
+            stops.append(r)
+    engine.num_generated += batch
+    for r in stops:
+        engine.finish(r, "length")
+    # The engine's own arithmetic: its step time is a difference of clock readings.
+    took = clock.now - t0
+    engine.compute_seconds += took
+    engine.last_phases = (t0, t0, clock.now, clock.now)
+    engine.step_seconds += took
+    engine.cost.observe(shape, took)
+    engine.last_step = (shape, took)
+    origins = role.origins
+    rids, offsets, ids, finished = [], [], [], []
+    for r in stepped:
+        origin = origins.get(r.rid)
+        if origin is None:
+            continue
+        rids.append(origin[1])
+        offsets.append(len(r.output_ids) - 1)
+        ids.append(r.output_ids[-1])
+        if r.finished:
+            finished.append([origin[1], r.finish_reason or "stop", len(r.output_ids)])
+            origins.pop(r.rid)
+    if rids:  # the simulator's workers serve one frontend: link 0
+        msg = Tokens(
+            worker=role.worker_id, rids=rids, offsets=offsets, counts=[1] * len(rids),
+            token_ids=np.asarray(ids, dtype=np.int32), finished=finished, cache_hits=[],
+            errors=[],
+        )  # fmt: skip
+        role.link.to_frontend(msg)
+    return True
 
 
 def cut(run: Run, at: float) -> int:
