@@ -296,29 +296,32 @@ class Cluster:
     def _on_tokens(self, w: WorkerState, msg: Tokens, times: list[float] | None) -> None:
         """times: when each of a run's tokens was made (sim.fastforward), else all now."""
         now, ids, pos = self.now, msg.token_ids.tolist(), 0
-        gaps, weights = self.gaps, self.gap_weights
+        requests, gaps, weights, grew = (
+            self.requests,
+            self.gaps,
+            self.gap_weights,
+            self.registry.grew,
+        )
+        # A request's first token of the message came at `first`, its last at `last`.
+        first, last = (now, now) if times is None else (times[0], times[-1])
         shared_gaps = 0  # requests that saw the run's later steps (counted once below)
         for rid, count in zip(msg.rids, msg.counts, strict=True):
-            st = self.requests.get(rid)
-            chunk = ids[pos : pos + count]
-            pos += count
-            if st is None:
-                continue
-            if st.first_at is None:
-                st.first_at = now
-                self.registry.prefilled(rid, st.uncached, w)
-                self.shared.write(st.prompt)  # the prefill worker wrote the prompt's blocks
-            elif times is None:
-                gaps.append(now - st.last_at)
-                weights.append(1)
-            else:
-                gaps.append(times[0] - st.last_at)
-                weights.append(1)
-                shared_gaps += 1
-            st.last_at = now if times is None else times[-1]
-            st.output.extend(chunk)
-            st.received += count
-            self.registry.grew(rid, st.decode, count)
+            st = requests.get(rid)
+            end = pos + count
+            if st is not None:
+                if st.first_at is None:
+                    st.first_at = now
+                    self.registry.prefilled(rid, st.uncached, w)
+                    self.shared.write(st.prompt)  # the prefill worker wrote the prompt's blocks
+                else:
+                    gaps.append(first - st.last_at)
+                    weights.append(1)
+                    shared_gaps += 1
+                st.last_at = last
+                st.output.extend(ids[pos:end])
+                st.received += count
+                grew(rid, st.decode, count)
+            pos = end
         if shared_gaps and times is not None:
             for a, b in itertools.pairwise(times):
                 gaps.append(b - a)

@@ -47,7 +47,11 @@ def _steady(role: DecodeRole, engine: EngineCore) -> bool:
     s = engine.scheduler
     if role.pending or s.waiting or not s.running or engine.eos_token_ids:
         return False
-    return all(r.pending == 1 and not r.params.stop_token_ids for r in s.running)
+    # Request.pending == 1, spelled out: this runs for every request before most steps.
+    for r in s.running:
+        if len(r.prompt_ids) + len(r.output_ids) - r.num_cached != 1 or r.params.stop_token_ids:
+            return False
+    return True
 
 
 def plan(role: DecodeRole, runner: SimRunner, until: float, min_steps: int = 2) -> Run | None:
@@ -58,16 +62,17 @@ def plan(role: DecodeRole, runner: SimRunner, until: float, min_steps: int = 2) 
     if not _steady(role, engine):
         return None
     running = engine.scheduler.running
-    left = min(r.params.max_tokens - len(r.output_ids) for r in running)
+    left = min([r.params.max_tokens - len(r.output_ids) for r in running])
     if left - 1 < min_steps:
         return None
     bs = engine.block_size
     # Tokens each request can still add in the blocks it holds; step i (from 0) needs a new
     # block for every request with less than i + 1 of that room (and a run is far shorter
     # than a block, so no request needs two).
-    rooms = sorted(len(r.blocks) * bs - r.num_cached for r in running)
+    cached = [r.num_cached for r in running]
+    rooms = sorted([len(r.blocks) * bs - c for r, c in zip(running, cached, strict=True)])
     free = engine.blocks.num_free
-    batch, context = len(running), float(sum(r.num_cached for r in running))
+    batch, context = len(running), float(sum(cached))
     t = runner.clock.now
     run = Run(t, [], [], [])
     for i in range(min(left - 1, bs)):
@@ -90,7 +95,8 @@ def step(role: DecodeRole, runner: SimRunner) -> bool:
     it (this has done its role.admit() then, which that repeats without effect: the admission
     state is unchanged). It changes the engine, the fit and the clock exactly as role.step
     would, and sends the same Tokens message."""
-    role.admit()
+    if role.pending:  # admit() does nothing else (its error message would be empty)
+        role.admit()
     engine = role.engine
     s = engine.scheduler
     running = s.running
@@ -103,18 +109,20 @@ def step(role: DecodeRole, runner: SimRunner) -> bool:
         or role.outbox is not None
     ):
         return False
-    if not all(not r.drafts and r.grammar is None and r.new_logprob is None for r in running):
-        return False
     bs = engine.block_size
+    need, cached = [], 0
+    for r in running:
+        if r.drafts or r.grammar is not None or r.new_logprob is not None:
+            return False
+        # The scheduler grows every request by a token before the step.
+        need.append(-(-(r.num_cached + 1) // bs) - len(r.blocks))
+        cached += r.num_cached
     blocks = engine.blocks
-    # The scheduler grows every request by a token before the step: none is preempted when
-    # the blocks this needs are free.
-    need = [-(-(r.num_cached + 1) // bs) - len(r.blocks) for r in running]
-    if sum(n for n in need if n > 0) > blocks.num_free:
-        return False
+    if sum([n for n in need if n > 0]) > blocks.num_free:
+        return False  # someone would be preempted
     batch = len(running)
     # StepShape.of's sums: integers, exact in a float.
-    shape = StepShape(batch, batch, 0.0, float(sum(r.num_cached for r in running) + batch))
+    shape = StepShape(batch, batch, 0.0, float(cached + batch))
     clock = runner.clock
     t0 = clock.now
     seconds = runner.duration(shape)
@@ -124,12 +132,13 @@ def step(role: DecodeRole, runner: SimRunner) -> bool:
     engine.num_steps += 1
     stepped = list(running)  # finishing requests leave `running`
     stops = []
+    token_at = runner.token_at
     for r, n in zip(stepped, need, strict=True):
         if n > 0:
             r.blocks.extend(blocks.allocate(n))
         r.num_cached += 1
         out = r.output_ids
-        token = runner.token_at(r.seed, len(r.prompt_ids) + len(out))
+        token = token_at(r.seed, len(r.prompt_ids) + len(out))
         out.append(token)
         p = r.params
         if token == p.think_end_id:
@@ -181,21 +190,22 @@ def apply(role: DecodeRole, runner: SimRunner, run: Run, steps: int) -> Tokens |
     engine = role.engine
     running = engine.scheduler.running
     # Every request's tokens of the run at once: row j holds request j's (SimRunner.token_at).
-    firsts = np.array([r.seed + r.num_tokens for r in running], dtype=np.int64)
-    table = runner.token_at(firsts[:, None] + np.arange(steps)[None, :], 0)
-    rows = table.tolist()
+    firsts = [r.seed + len(r.prompt_ids) + len(r.output_ids) for r in running]
+    table = runner.token_at(np.array(firsts, dtype=np.int64)[:, None] + np.arange(steps), 0)
+    bs, blocks, origin_of = engine.block_size, engine.blocks, role.origins.get
     rids, offsets, keep = [], [], []
-    for j, r in enumerate(running):
-        origin = role.origins.get(r.rid)
+    for j, (r, row) in enumerate(zip(running, table.tolist(), strict=True)):
+        out = r.output_ids
+        origin = origin_of(r.rid)
         if origin is not None:
             rids.append(origin[1])
-            offsets.append(len(r.output_ids))
+            offsets.append(len(out))
             keep.append(j)
         r.num_cached += steps
-        r.output_ids.extend(rows[j])
-        need = engine.blocks_for(r.num_cached) - len(r.blocks)
+        out.extend(row)
+        need = -(-r.num_cached // bs) - len(r.blocks)  # engine.blocks_for
         if need > 0:
-            r.blocks.extend(engine.blocks.allocate(need))
+            r.blocks.extend(blocks.allocate(need))
     engine.cost.observe_many(run.shapes[:steps], run.seconds[:steps])
     engine.num_steps += steps
     engine.num_generated += steps * len(running)
@@ -208,5 +218,6 @@ def apply(role: DecodeRole, runner: SimRunner, run: Run, steps: int) -> Tokens |
         return None
     return Tokens(
         worker=role.worker_id, rids=rids, offsets=offsets, counts=[steps] * len(rids),
-        token_ids=table[keep].astype(np.int32).ravel(), finished=[], cache_hits=[], errors=[],
+        token_ids=(table if len(keep) == len(running) else table[keep]).astype(np.int32).ravel(),
+        finished=[], cache_hits=[], errors=[],
     )  # fmt: skip
