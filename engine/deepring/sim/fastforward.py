@@ -101,24 +101,29 @@ def step(role: DecodeRole, runner: SimRunner) -> bool:
     s = engine.scheduler
     running = s.running
     if (
-        not _steady(role, engine)
+        role.pending or s.waiting or not running or engine.eos_token_ids
         or len(running) > s.config.max_num_batched_tokens
-        or engine.spec is not None
-        or engine.prefix is not None
-        or engine.on_compute is not None
-        or role.outbox is not None
-    ):
+        or engine.spec is not None or engine.prefix is not None
+        or engine.on_compute is not None or role.outbox is not None
+    ):  # fmt: skip
         return False
     bs = engine.block_size
-    need, cached = [], 0
-    for r in running:
-        if r.drafts or r.grammar is not None or r.new_logprob is not None:
+    grow, need, cached = [], 0, 0
+    for r in running:  # _steady's test, and what else the engine would act on
+        c = r.num_cached
+        if (
+            len(r.prompt_ids) + len(r.output_ids) - c != 1 or r.params.stop_token_ids
+            or r.drafts or r.grammar is not None or r.new_logprob is not None
+        ):  # fmt: skip
             return False
         # The scheduler grows every request by a token before the step.
-        need.append(-(-(r.num_cached + 1) // bs) - len(r.blocks))
-        cached += r.num_cached
+        n = -(-(c + 1) // bs) - len(r.blocks)
+        grow.append(n)
+        if n > 0:
+            need += n
+        cached += c
     blocks = engine.blocks
-    if sum([n for n in need if n > 0]) > blocks.num_free:
+    if need > blocks.num_free:
         return False  # someone would be preempted
     batch = len(running)
     # StepShape.of's sums: integers, exact in a float.
@@ -130,10 +135,9 @@ def step(role: DecodeRole, runner: SimRunner) -> bool:
     runner.last = (shape, seconds)
     runner.last_decodes = batch
     engine.num_steps += 1
-    stepped = list(running)  # finishing requests leave `running`
-    stops = []
-    token_at = runner.token_at
-    for r, n in zip(stepped, need, strict=True):
+    token_at, origin_of = runner.token_at, role.origins.get
+    rids, offsets, ids, stops = [], [], [], []
+    for r, n in zip(running, grow, strict=True):
         if n > 0:
             r.blocks.extend(blocks.allocate(n))
         r.num_cached += 1
@@ -143,11 +147,20 @@ def step(role: DecodeRole, runner: SimRunner) -> bool:
         p = r.params
         if token == p.think_end_id:
             r.thinking_ended = True
+        origin = origin_of(r.rid)
+        if origin is not None:  # the role's TokensOut, for the one frontend link
+            rids.append(origin[1])
+            offsets.append(len(out) - 1)
+            ids.append(token)
         if len(out) >= p.max_tokens:
-            stops.append(r)
+            stops.append((r, origin))
     engine.num_generated += batch
-    for r in stops:
+    finished = []
+    for r, origin in stops:
         engine.finish(r, "length")
+        if origin is not None:
+            finished.append([origin[1], r.finish_reason or "stop", len(r.output_ids)])
+            role.origins.pop(r.rid)
     # The engine's own arithmetic: its step time is a difference of clock readings.
     took = clock.now - t0
     engine.compute_seconds += took
@@ -155,19 +168,7 @@ def step(role: DecodeRole, runner: SimRunner) -> bool:
     engine.step_seconds += took
     engine.cost.observe(shape, took)
     engine.last_step = (shape, took)
-    origins = role.origins
-    rids, offsets, ids, finished = [], [], [], []
-    for r in stepped:
-        origin = origins.get(r.rid)
-        if origin is None:
-            continue
-        rids.append(origin[1])
-        offsets.append(len(r.output_ids) - 1)
-        ids.append(r.output_ids[-1])
-        if r.finished:
-            finished.append([origin[1], r.finish_reason or "stop", len(r.output_ids)])
-            origins.pop(r.rid)
-    if rids:  # the simulator's workers serve one frontend: link 0
+    if rids:
         msg = Tokens(
             worker=role.worker_id, rids=rids, offsets=offsets, counts=[1] * len(rids),
             token_ids=np.asarray(ids, dtype=np.int32), finished=finished, cache_hits=[],
