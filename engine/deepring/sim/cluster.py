@@ -296,18 +296,15 @@ class Cluster:
     def _on_tokens(self, w: WorkerState, msg: Tokens, times: list[float] | None) -> None:
         """times: when each of a run's tokens was made (sim.fastforward), else all now."""
         now, ids, pos = self.now, msg.token_ids.tolist(), 0
-        requests, gaps, weights, grew = (
-            self.requests,
-            self.gaps,
-            self.gap_weights,
-            self.registry.grew,
-        )
+        requests, gaps, weights = self.requests, self.gaps, self.gap_weights
         # A request's first token of the message came at `first`, its last at `last`.
         first, last = (now, now) if times is None else (times[0], times[-1])
         shared_gaps = 0  # requests that saw the run's later steps (counted once below)
         rids, counts = msg.rids, msg.counts
         # One token each (a step's message): the loop below without the slicing.
         chunks = ids if counts == [1] * len(rids) else None
+        # The requests on w with the message's usual count: registry.grew in one call.
+        same, held = (counts[0] if counts else 0), []
         for i, (rid, count) in enumerate(zip(rids, counts, strict=True)):
             st = requests.get(rid)
             end = pos + count
@@ -326,8 +323,13 @@ class Cluster:
                 else:
                     st.output.append(chunks[i])
                 st.received += count
-                grew(rid, st.decode, count)
+                if count == same and st.decode == w.id:
+                    held.append(rid)
+                else:
+                    self.registry.grew(rid, st.decode, count)
             pos = end
+        if held:  # before a finished request leaves the books below
+            self.registry.grew_many(held, w.id, same)
         if shared_gaps and times is not None:
             for a, b in itertools.pairwise(times):
                 gaps.append(b - a)
