@@ -295,45 +295,58 @@ class Cluster:
 
     def _on_tokens(self, w: WorkerState, msg: Tokens, times: list[float] | None) -> None:
         """times: when each of a run's tokens was made (sim.fastforward), else all now."""
-        now, ids, pos = self.now, msg.token_ids.tolist(), 0
-        requests, gaps, weights = self.requests, self.gaps, self.gap_weights
+        now, ids, wid = self.now, msg.token_ids.tolist(), w.id
+        get, gap, weigh = self.requests.get, self.gaps.append, self.gap_weights.append
         # A request's first token of the message came at `first`, its last at `last`.
         first, last = (now, now) if times is None else (times[0], times[-1])
         shared_gaps = 0  # requests that saw the run's later steps (counted once below)
         rids, counts = msg.rids, msg.counts
-        # One token each (a step's message): the loop below without the slicing.
-        chunks = ids if counts == [1] * len(rids) else None
-        # The requests on w with the message's usual count: registry.grew in one call.
+        # The requests on w with the message's count: registry.grew for them in one call.
         same, held = (counts[0] if counts else 0), []
-        for i, (rid, count) in enumerate(zip(rids, counts, strict=True)):
-            st = requests.get(rid)
-            end = pos + count
-            if st is not None:
+        if counts == [1] * len(rids):  # a token each (a step's message): no slicing
+            for rid, token in zip(rids, ids, strict=True):
+                st = get(rid)
+                if st is None:
+                    continue
                 if st.first_at is None:
-                    st.first_at = now
-                    self.registry.prefilled(rid, st.uncached, w)
-                    self.shared.write(st.prompt)  # the prefill worker wrote the prompt's blocks
+                    self._first_token(st, w)
                 else:
-                    gaps.append(first - st.last_at)
-                    weights.append(1)
+                    gap(first - st.last_at)
+                    weigh(1)
                     shared_gaps += 1
                 st.last_at = last
-                if chunks is None:
-                    st.output.extend(ids[pos:end])
-                else:
-                    st.output.append(chunks[i])
-                st.received += count
-                if count == same and st.decode == w.id:
+                st.output.append(token)
+                st.received += 1
+                if st.decode == wid:
                     held.append(rid)
                 else:
-                    self.registry.grew(rid, st.decode, count)
-            pos = end
+                    self.registry.grew(rid, st.decode, 1)
+        else:
+            pos = 0
+            for rid, count in zip(rids, counts, strict=True):
+                st = get(rid)
+                end = pos + count
+                if st is not None:
+                    if st.first_at is None:
+                        self._first_token(st, w)
+                    else:
+                        gap(first - st.last_at)
+                        weigh(1)
+                        shared_gaps += 1
+                    st.last_at = last
+                    st.output.extend(ids[pos:end])
+                    st.received += count
+                    if count == same and st.decode == wid:
+                        held.append(rid)
+                    else:
+                        self.registry.grew(rid, st.decode, count)
+                pos = end
         if held:  # before a finished request leaves the books below
-            self.registry.grew_many(held, w.id, same)
+            self.registry.grew_many(held, wid, same)
         if shared_gaps and times is not None:
             for a, b in itertools.pairwise(times):
-                gaps.append(b - a)
-                weights.append(shared_gaps)
+                gap(b - a)
+                weigh(shared_gaps)
         for rid, _reason, _total in msg.finished:
             st = self.requests.get(rid)
             if st is not None:
@@ -343,6 +356,11 @@ class Cluster:
             if st is not None:
                 st.error = str(message)
                 self._done(st)
+
+    def _first_token(self, st: ReqState, w: WorkerState) -> None:
+        st.first_at = self.now
+        self.registry.prefilled(st.rid, st.uncached, w)
+        self.shared.write(st.prompt)  # the prefill worker wrote the prompt's blocks
 
     def _done(self, st: ReqState) -> None:
         del self.requests[st.rid]
