@@ -18,6 +18,7 @@ out of work.
 
 from __future__ import annotations
 
+import gc
 import heapq
 import itertools
 from collections import deque
@@ -226,6 +227,18 @@ class Cluster:
         max_events."""
         end = self.window[1] + self.config.grace_s if until is None else until
         self.end = end
+        # A run keeps millions of small objects (tokens, requests) that the collector's
+        # default pace would scan again and again: collect less often while it runs (nothing
+        # here depends on when unreachable objects go).
+        threshold = gc.get_threshold()
+        gc.set_threshold(max(threshold[0], 100_000), *threshold[1:])
+        try:
+            self._run(end, max_events)
+        finally:
+            gc.set_threshold(*threshold)
+        return self
+
+    def _run(self, end: float, max_events: int) -> None:
         heap = self._heap
         while heap and heap[0][0] <= end:
             t, _, kind, payload = heapq.heappop(heap)
@@ -243,7 +256,6 @@ class Cluster:
                 self._sample()
             else:
                 self._arrive(*payload)
-        return self
 
     # ---- the frontend ------------------------------------------------------------------------
 
