@@ -6,8 +6,9 @@ from __future__ import annotations
 import math
 import random
 
+import numpy as np
 import pytest
-from deepring.cost.model import OnlineFit, StepCost, StepShape, chunk_pairs, fit
+from deepring.cost.model import OnlineFit, StepCost, StepShape, chunk_pairs, fit, mean_cost
 from deepring.cost.pacer import Pacer, PacerConfig
 from deepring.cost.presets import H800_GPU, TINY_CPU
 
@@ -206,3 +207,21 @@ def test_pacer_config_is_checked():
                {"tbt_target_s": 0.1, "min_chunk": 0}):  # fmt: skip
         with pytest.raises(ValueError, match="must be"):
             PacerConfig(**kw)
+
+
+def test_mean_cost_is_numpys_mean_float_for_float():
+    """mean_cost sums in plain Python (the cost router asks on every route): the same floats,
+    signed zeros included, as numpy's mean over the models."""
+    rng = random.Random(3)
+    for _ in range(2000):
+        n = rng.choice([1, 2, 3, 8, 9, 17, 64, 200])
+        models = [
+            StepCost(tuple(rng.choice([0.0, -0.0, rng.random() * 10 ** rng.randint(-9, 0)])
+                           for _ in range(5)))
+            for _ in range(n)
+        ]  # fmt: skip
+        want = [float(c) for c in np.mean([m.coef for m in models], axis=0)]
+        got = mean_cost(models).coef
+        assert [repr(c) for c in got] == [repr(c) for c in want]
+    with pytest.raises(ValueError, match="no step costs"):
+        mean_cost([])

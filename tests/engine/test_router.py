@@ -129,3 +129,27 @@ def test_the_router_weighs_only_the_uncached_tokens():
     assert r is q
     reg.prefilled(1, 100, p)
     assert p.load.queued_tokens == 0
+
+
+def test_grew_many_books_what_grew_does_one_by_one():
+    """The registry's batched grew (the simulator's token messages) adds what a grew per
+    request would: only for the requests the decode worker holds, repeats included."""
+    from deepring.ipc.messages import Health
+    from deepring.routing.registry import WorkerRegistry
+
+    regs = []
+    for _ in range(2):
+        reg = WorkerRegistry(1, 1)
+        for i, (name, role) in enumerate((("prefill-0", "prefill"), ("decode-0", "decode"))):
+            info = {"role": role, "num_slots": 8, "num_blocks": 1000, "block_size": 128}
+            reg.add(name, Health(worker=name, gen=1, state="ready", pid=100 + i, info=info))
+        p, d = reg.route(300)
+        for rid in (1, 2, 3):
+            reg.assign(rid, 300, p, d)
+        regs.append((reg, d))
+    (one, d1), (many, d2) = regs
+    for rid in (1, 2, 9, 2):
+        one.grew(rid, "decode-0", 5)
+    many.grew_many([1, 2, 9, 2], "decode-0", 5)
+    many.grew_many([1], "decode-7", 5)  # a worker it does not know: nothing
+    assert d1.load.used_tokens == d2.load.used_tokens == 900 + 15

@@ -140,6 +140,39 @@ def test_fast_forwarded_runs_match_stepping():
         assert a[key] == pytest.approx(b[key], rel=0.05), key
 
 
+def test_fast_steps_change_nothing(monkeypatch):
+    """A steady decode step applied without the scheduler (sim.fastforward.step) is the
+    engine's step exactly: the same report, events and tokens, under noise, the pacer and a
+    slow worker's fit."""
+    from deepring.sim import fastforward
+
+    taken = []
+
+    def counted(role, runner):
+        taken.append(fastforward_step(role, runner))
+        return taken[-1]
+
+    fastforward_step = fastforward.step
+    monkeypatch.setattr(fastforward, "step", counted)
+    trace = _small_trace(sessions=120)
+    kw = dict(truth={"decode-1": H800_GPU.scaled(1.5)}, tbt_target_s=0.05, noise=0.05)
+    fast = _cluster("cost", trace, **kw)
+    assert taken.count(True) > 500, taken.count(False)
+    slow = _cluster("cost", trace, fast_steps=False, **kw)
+    assert fast.events == slow.events
+    assert summarize(fast, 2.0, 0.1, 0.05) == summarize(slow, 2.0, 0.1, 0.05)
+    outs = {(s.session.sid, s.turn): s.output for s in slow.finished}
+    assert outs == {(s.session.sid, s.turn): s.output for s in fast.finished}
+    for wid, w in slow.workers.items():  # every worker's books, float for float
+        e, f, v = w.engine, fast.workers[wid].engine, fast.workers[wid]
+        books = ("num_steps", "num_generated", "step_seconds", "compute_seconds", "last_step")
+        assert [getattr(e, k) for k in books] == [getattr(f, k) for k in books]
+        assert e.cost.solve() == f.cost.solve()
+        assert e.blocks.num_used == f.blocks.num_used
+        assert w.clock.now == v.clock.now
+        assert w.steps == v.steps
+
+
 def test_the_cost_router_evens_out_slow_workers():
     """One decode worker in four runs 1.6x slower: the token router fills it like the others
     and its requests wait longer between tokens; the cost router reads its slower model from

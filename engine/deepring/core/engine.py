@@ -25,7 +25,7 @@ from deepring.cache.pool import CacheConfig, KVCachePool
 from deepring.cache.transfer import CacheState, export_state, import_state
 from deepring.config import CACHE_CLASSES
 from deepring.core.prefix import PrefixCache, PrefixConfig, Store
-from deepring.core.request import Request, Status
+from deepring.core.request import Request, Status, ids_in_range
 from deepring.core.runner import Runner
 from deepring.core.scheduler import Scheduler, SchedulerConfig
 from deepring.cost.model import WARMUP_STEPS, OnlineFit, StepCost, StepShape
@@ -175,9 +175,8 @@ class EngineCore:
         if not token_ids:
             raise ValueError("a prompt needs at least one token")
         vocab = self.vocab_size
-        # min / max run in C: the listing below is only built for a prompt that fails (a
-        # Python test per id showed in the simulator's profile).
-        if min(token_ids) < 0 or max(token_ids) >= vocab:
+        # A pass in C: the listing below is only built for a prompt that fails.
+        if not ids_in_range(token_ids, vocab):
             bad = [t for t in token_ids if not 0 <= t < vocab]
             raise ValueError(f"token ids out of range [0, {vocab}): {bad[:5]}")
 

@@ -159,8 +159,17 @@ _TYPICAL = np.array([1.0, 256.0, 16.0, 256.0 * 1024.0, 16.0 * 2048.0])
 
 def mean_cost(models: Sequence[StepCost]) -> StepCost:
     """The model whose coefficients are the mean of `models`' (at least one)."""
-    coef = np.mean([m.coef for m in models], axis=0)
-    return StepCost(tuple(float(c) for c in coef))
+    if not models:
+        raise ValueError("the mean of no step costs")
+    # np.mean(axis=0)'s floats, summed in its order (from 0, one model after the other), in
+    # plain Python: the cost router asks on every route, and building the array cost more.
+    sums = []
+    for column in zip(*[m.coef for m in models], strict=True):
+        total = 0.0
+        for c in column:
+            total += c
+        sums.append(total / len(models))
+    return StepCost(tuple(sums))
 
 
 # A worker's first steps are left out of its step-time fit (OnlineFit's warmup); until it has

@@ -130,17 +130,28 @@ class CostRouter:
             return None
         n = len(ready)
         peers = self.peers(ready)
-        before = [self._decode_load(w, 0, 0, peers) for w in ready]
-        after = [self._decode_load(w, 1, prompt_tokens + 1, peers) for w in ready]
+        # After placement: _decode_load(w, 1, prompt_tokens + 1), before: _decode_load(w, 0, 0),
+        # each worker's estimates read once (this runs over every decode worker for every
+        # request), and the terms of the means below.
+        bs = self.block_size
+        extra_tokens = prompt_tokens + 1
+        extra_blocks = 1 + extra_tokens // bs
+        after, kv_terms, step_terms = [], [], []
+        for w in ready:
+            r, tokens, blocks = w.est_requests(), w.est_tokens(), w.est_blocks(bs)
+            model = self.model(w, peers)
+            kv, step = blocks + extra_blocks, model.decode_step(r + 1, tokens + extra_tokens)
+            after.append((r, kv, step))
+            kv_terms.append(kv + (n - 1) * blocks)
+            step_terms.append(step + (n - 1) * model.decode_step(r, tokens))
         # The means once the request is placed (on average, 1/n of it on each worker).
-        kv_mean = sum(a[0] + (n - 1) * b[0] for a, b in zip(after, before, strict=True)) / n / n
-        step_mean = sum(a[1] + (n - 1) * b[1] for a, b in zip(after, before, strict=True)) / n / n
+        kv_mean, step_mean = sum(kv_terms) / n / n, sum(step_terms) / n / n
         kv_mean, step_mean = max(kv_mean, 1e-9), max(step_mean, TIE_S)
         target = self.tbt_target_s
         turn = next(self._decode_turn)
         best, best_key = None, None
-        for i, (w, (kv, step)) in enumerate(zip(ready, after, strict=True)):
-            fits = w.est_requests() < w.num_slots and kv <= w.num_blocks
+        for i, (w, (r, kv, step)) in enumerate(zip(ready, after, strict=True)):
+            fits = r < w.num_slots and kv <= w.num_blocks
             over = target is not None and step > target
             key = (not fits, over, max(kv / kv_mean, step / step_mean), (i - turn) % n)
             if best_key is None or key < best_key:

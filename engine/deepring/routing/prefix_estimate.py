@@ -11,10 +11,23 @@ with each request's first token.
 
 from __future__ import annotations
 
+import array
 import hashlib
+import sys
 from collections import OrderedDict
 
 import numpy as np
+
+# A list of ids converts to bytes ~3x faster through array.array than through numpy; its "I"
+# items are the "<u4" the digests are defined on where the platform is little-endian.
+_ARRAY_U4 = sys.byteorder == "little" and array.array("I").itemsize == 4
+
+
+def _u4_bytes(ids) -> bytes:
+    """The ids as little-endian uint32 bytes."""
+    if _ARRAY_U4 and isinstance(ids, list):
+        return array.array("I", ids).tobytes()
+    return np.asarray(ids, dtype="<u4").tobytes()
 
 
 class PrefixEstimate:
@@ -28,13 +41,14 @@ class PrefixEstimate:
     def chain(self, prompt_ids) -> list[bytes]:
         """The digests of the prompt's full blocks that a hit may cover, first to last."""
         bs = self.block_size
-        ids = np.asarray(prompt_ids, dtype="<u4")
-        n = (len(ids) - 1) // bs  # a hit always leaves a token to compute
+        n = (len(prompt_ids) - 1) // bs  # a hit always leaves a token to compute
+        if n <= 0:
+            return []
+        data = _u4_bytes(prompt_ids[: n * bs])
+        size, blake2b = 4 * bs, hashlib.blake2b
         out, parent = [], b""
-        for i in range(n):
-            parent = hashlib.blake2b(
-                parent + ids[i * bs : (i + 1) * bs].tobytes(), digest_size=16
-            ).digest()
+        for start in range(0, n * size, size):
+            parent = blake2b(parent + data[start : start + size], digest_size=16).digest()
             out.append(parent)
         return out
 

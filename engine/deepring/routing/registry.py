@@ -217,6 +217,14 @@ class WorkerRegistry:
         if d is not None and rid in d.rids:
             d.load.used_tokens += count
 
+    def grew_many(self, rids: list[int], decode: str | None, count: int) -> None:
+        """grew(rid, decode, count) for each of `rids` (a message's requests on one decode
+        worker)."""
+        d = self.get(decode)
+        if d is not None:
+            held = d.rids
+            d.load.used_tokens += count * sum([rid in held for rid in rids])
+
     def release(
         self,
         rid: int,

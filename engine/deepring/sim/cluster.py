@@ -18,6 +18,7 @@ out of work.
 
 from __future__ import annotations
 
+import gc
 import heapq
 import itertools
 from collections import deque
@@ -70,6 +71,9 @@ class ClusterConfig:
     # Runs of trivial decode steps in one go (sim.fastforward); False: every step through the
     # scheduler (slower, for checking the two agree).
     fast_forward: bool = True
+    # Steady decode steps outside those runs applied without the scheduler (sim.fastforward's
+    # `step`); the same simulation either way, False for checking that.
+    fast_steps: bool = True
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -81,7 +85,7 @@ class ClusterConfig:
             raise ValueError("warmup is a share of the arrival span, in [0, 1)")
 
 
-@dataclass
+@dataclass(slots=True)  # its fields are read for every token
 class ReqState:
     rid: int
     session: Session
@@ -223,6 +227,18 @@ class Cluster:
         max_events."""
         end = self.window[1] + self.config.grace_s if until is None else until
         self.end = end
+        # A run keeps millions of small objects (tokens, requests) that the collector's
+        # default pace would scan again and again: collect less often while it runs (nothing
+        # here depends on when unreachable objects go).
+        threshold = gc.get_threshold()
+        gc.set_threshold(max(threshold[0], 100_000), *threshold[1:])
+        try:
+            self._run(end, max_events)
+        finally:
+            gc.set_threshold(*threshold)
+        return self
+
+    def _run(self, end: float, max_events: int) -> None:
         heap = self._heap
         while heap and heap[0][0] <= end:
             t, _, kind, payload = heapq.heappop(heap)
@@ -240,7 +256,6 @@ class Cluster:
                 self._sample()
             else:
                 self._arrive(*payload)
-        return self
 
     # ---- the frontend ------------------------------------------------------------------------
 
@@ -292,34 +307,58 @@ class Cluster:
 
     def _on_tokens(self, w: WorkerState, msg: Tokens, times: list[float] | None) -> None:
         """times: when each of a run's tokens was made (sim.fastforward), else all now."""
-        now, ids, pos = self.now, msg.token_ids.tolist(), 0
-        gaps, weights = self.gaps, self.gap_weights
+        now, ids, wid = self.now, msg.token_ids.tolist(), w.id
+        get, gap, weigh = self.requests.get, self.gaps.append, self.gap_weights.append
+        # A request's first token of the message came at `first`, its last at `last`.
+        first, last = (now, now) if times is None else (times[0], times[-1])
         shared_gaps = 0  # requests that saw the run's later steps (counted once below)
-        for rid, count in zip(msg.rids, msg.counts, strict=True):
-            st = self.requests.get(rid)
-            chunk = ids[pos : pos + count]
-            pos += count
-            if st is None:
-                continue
-            if st.first_at is None:
-                st.first_at = now
-                self.registry.prefilled(rid, st.uncached, w)
-                self.shared.write(st.prompt)  # the prefill worker wrote the prompt's blocks
-            elif times is None:
-                gaps.append(now - st.last_at)
-                weights.append(1)
-            else:
-                gaps.append(times[0] - st.last_at)
-                weights.append(1)
-                shared_gaps += 1
-            st.last_at = now if times is None else times[-1]
-            st.output.extend(chunk)
-            st.received += count
-            self.registry.grew(rid, st.decode, count)
+        rids, counts = msg.rids, msg.counts
+        # The requests on w with the message's count: registry.grew for them in one call.
+        same, held = (counts[0] if counts else 0), []
+        if counts == [1] * len(rids):  # a token each (a step's message): no slicing
+            for rid, token in zip(rids, ids, strict=True):
+                st = get(rid)
+                if st is None:
+                    continue
+                if st.first_at is None:
+                    self._first_token(st, w)
+                else:
+                    gap(first - st.last_at)
+                    weigh(1)
+                    shared_gaps += 1
+                st.last_at = last
+                st.output.append(token)
+                st.received += 1
+                if st.decode == wid:
+                    held.append(rid)
+                else:
+                    self.registry.grew(rid, st.decode, 1)
+        else:
+            pos = 0
+            for rid, count in zip(rids, counts, strict=True):
+                st = get(rid)
+                end = pos + count
+                if st is not None:
+                    if st.first_at is None:
+                        self._first_token(st, w)
+                    else:
+                        gap(first - st.last_at)
+                        weigh(1)
+                        shared_gaps += 1
+                    st.last_at = last
+                    st.output.extend(ids[pos:end])
+                    st.received += count
+                    if count == same and st.decode == wid:
+                        held.append(rid)
+                    else:
+                        self.registry.grew(rid, st.decode, count)
+                pos = end
+        if held:  # before a finished request leaves the books below
+            self.registry.grew_many(held, wid, same)
         if shared_gaps and times is not None:
             for a, b in itertools.pairwise(times):
-                gaps.append(b - a)
-                weights.append(shared_gaps)
+                gap(b - a)
+                weigh(shared_gaps)
         for rid, _reason, _total in msg.finished:
             st = self.requests.get(rid)
             if st is not None:
@@ -329,6 +368,11 @@ class Cluster:
             if st is not None:
                 st.error = str(message)
                 self._done(st)
+
+    def _first_token(self, st: ReqState, w: WorkerState) -> None:
+        st.first_at = self.now
+        self.registry.prefilled(st.rid, st.uncached, w)
+        self.shared.write(st.prompt)  # the prefill worker wrote the prompt's blocks
 
     def _done(self, st: ReqState) -> None:
         del self.requests[st.rid]
@@ -397,7 +441,9 @@ class Cluster:
                 self._wake_at(w, run.ends[-1])
                 return  # its report goes out when the run ends
             steps = w.engine.num_steps
-            w.role.step()
+            fast = self.config.fast_steps and isinstance(w.role, DecodeRole)
+            if not (fast and fastforward.step(w.role, w.runner)):
+                w.role.step()
             if w.engine.num_steps > steps:
                 self._account(w, t, w.clock.now - t)
                 self._wake_at(w, w.clock.now)

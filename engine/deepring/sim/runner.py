@@ -17,6 +17,8 @@ from __future__ import annotations
 import random
 import weakref
 
+import numpy as np
+
 from deepring.core.scheduler import Scheduled
 from deepring.cost.model import StepCost, StepShape
 from deepring.routing.prefix_estimate import PrefixEstimate
@@ -83,7 +85,9 @@ class SharedBlocks:
 
     def write(self, token_ids) -> None:
         """The full blocks of these tokens are written (a prompt prefilled, an answer done)."""
-        self.keys.update(self._chains.chain([*token_ids, 0]))  # + 0: the last block counts too
+        # + 0: the last block counts too (an array: unpacking one into a list costs more than
+        # hashing it).
+        self.keys.update(self._chains.chain(np.append(np.asarray(token_ids), 0)))
 
     def chain(self, token_ids) -> list[bytes]:
         """The keys of the blocks a request of these tokens may start after."""
