@@ -278,3 +278,18 @@ def test_draining_workers_refuse_new_work():
     stream.feed(frontend)
     assert set(stream.errors) == {1, 2}
     assert all("shutting down" in m for m in stream.errors.values())
+
+
+def test_ids_in_range_agrees_with_a_plain_check():
+    """core.request.ids_in_range (the engine's check of every prompt) against a Python test of
+    each id, on lists and int32 arrays, in range, at both edges and past them."""
+    import numpy as np
+    from deepring.core.request import ids_in_range
+
+    vocab = 1000
+    cases = [[], [0], [999], [1000], [-1], [5, 7, 999], [5, -3, 7], [2**40], [3, 4] * 500]
+    for ids in cases:
+        want = all(0 <= t < vocab for t in ids)
+        assert ids_in_range(ids, vocab) == want, ids
+        if all(-(2**31) <= t < 2**31 for t in ids):
+            assert ids_in_range(np.asarray(ids, dtype=np.int32), vocab) == want, ids
