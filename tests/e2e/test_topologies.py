@@ -54,11 +54,16 @@ def test_two_workers_per_role_over_tcp(start_server):
     with ThreadPoolExecutor(16) as pool:
         results = list(pool.map(one, range(16)))
     assert all(r["usage"]["completion_tokens"] == 64 for r in results)
-    # The router spread the work over every worker.
+    # The router spread the work over every worker. The counters come with the workers' load
+    # reports, which may land after the last response (a failed run read 0 for a prefill worker
+    # that had served its requests): wait for them, bounded.
     for wid in ("prefill-0", "prefill-1", "decode-0", "decode-1"):
         role = wid.split("-")[0]
         labels = f'{{worker="{wid}",role="{role}"}}'
-        assert s.metric("deepring_worker_generated_tokens_total", labels) > 0, wid
+        deadline = time.monotonic() + 15
+        while s.metric("deepring_worker_generated_tokens_total", labels) == 0:
+            assert time.monotonic() < deadline, f"{wid} reported no tokens"
+            time.sleep(0.2)
     assert s.stop() == 0
 
 
