@@ -137,3 +137,33 @@ def test_resolver_reports_fetch_failures_alike():
                 for lib in LIBS
             )
         assert got == want
+
+
+def test_links_over_8192_bytes_are_refused_alike():
+    """A link longer than 8192 bytes of UTF-8 is refused before it is fetched (kind UrlTooLong,
+    not retryable, the official's message without a location), in order with the other
+    sources' checks; one of exactly 8192 bytes is fetched."""
+    with server() as base:
+        page = base + "/status/404?"  # (a fetched link gets a 404: a failed download)
+        long = page + "a" * 9000
+        cases = [
+            [page + "a" * (8192 - len(page))],
+            [page + "a" * (8193 - len(page))],
+            [page + "é" * 4100],
+            [long, "ftp://x"],
+            ["ftp://x", long],
+            [long] * 2,
+        ]
+        for urls in cases:
+            got, want = (
+                outcome(
+                    lambda lib=lib, urls=urls: len(
+                        lib.ImageResolver(lib.ReqwestImageFetcher(), lib.OpenCvImagePreprocessor())
+                        .resolve([lib.UrlImageSource(u) for u in urls], lib.ImageQuota())
+                        .images
+                    )
+                )
+                for lib in LIBS
+            )
+            assert got == want, [len(u.encode()) for u in urls]
+        assert got[1] == "UrlTooLong"

@@ -28,6 +28,8 @@ pub enum ImageError {
     Encode(String),
     #[error("invalid url: {0:?}")]
     InvalidUrl(String),
+    #[error("external link length {len} too long, max link length {max}")]
+    UrlTooLong { len: usize, max: usize },
     #[error("Too many images: max {max} images per request, got {got}")]
     TooManyImages { max: usize, got: usize },
     #[error("{location}: image file size exceeds limit {max_mb} MB")]
@@ -63,6 +65,7 @@ impl ImageError {
             ImageError::Resize(_) => "Resize",
             ImageError::Encode(_) => "Encode",
             ImageError::InvalidUrl(_) => "InvalidUrl",
+            ImageError::UrlTooLong { .. } => "UrlTooLong",
             ImageError::TooManyImages { .. } => "TooManyImages",
             ImageError::ImageTooLarge { .. } => "ImageTooLarge",
             ImageError::TotalSizeTooLarge { .. } => "TotalSizeTooLarge",

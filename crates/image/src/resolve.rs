@@ -42,6 +42,9 @@ fn location(source: &ImageSource, index: usize) -> String {
     }
 }
 
+/// The longest image URL fetched, in bytes (the official's limit).
+pub const MAX_URL_BYTES: usize = 8192;
+
 /// Resolves `sources` in order. URL sources are fetched only through `fetcher`; without one a
 /// URL source fails as a fetch. The quota is updated only when every source succeeded.
 pub fn resolve(
@@ -69,6 +72,14 @@ pub fn resolve(
                 // official reports anything else that cannot be fetched as a failed download.
                 if !u.get(..4).is_some_and(|p| p.eq_ignore_ascii_case("http")) {
                     return Err(ImageError::InvalidUrl(u.clone()));
+                }
+                // The official refuses a link longer than 8192 bytes of UTF-8 before fetching
+                // it, without the source's location in the message.
+                if u.len() > MAX_URL_BYTES {
+                    return Err(ImageError::UrlTooLong {
+                        len: u.len(),
+                        max: MAX_URL_BYTES,
+                    });
                 }
                 let fetcher = fetcher.ok_or_else(|| ImageError::Fetch {
                     location: loc.clone(),
@@ -319,6 +330,35 @@ mod tests {
         assert_eq!(
             err.to_string(),
             "Too many images: max 600 images per request, got 601"
+        );
+    }
+
+    #[test]
+    fn links_over_8192_bytes_are_refused_before_any_fetch() {
+        let src = |u: String| ImageSource {
+            data: ImageData::Url(u),
+            detail: Default::default(),
+            path: String::new(),
+        };
+        let base = "http://127.0.0.1:9/";
+        // 8192 bytes: fetched (no fetcher here: a fetch failure); 8193: too long.
+        let at = src(format!("{base}{}", "a".repeat(8192 - base.len())));
+        let over = src(format!("{base}{}", "a".repeat(8193 - base.len())));
+        let err = resolve(&[at], &mut ImageQuota::new(), None).unwrap_err();
+        assert_eq!(err.kind(), "Fetch");
+        let err = resolve(&[over], &mut ImageQuota::new(), None).unwrap_err();
+        assert_eq!(err.kind(), "UrlTooLong");
+        assert!(!err.is_retryable());
+        assert_eq!(
+            err.to_string(),
+            "external link length 8193 too long, max link length 8192"
+        );
+        // bytes of UTF-8, not characters
+        let wide = src(format!("{base}{}", "\u{e9}".repeat(4100)));
+        let err = resolve(&[wide], &mut ImageQuota::new(), None).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "external link length 8219 too long, max link length 8192"
         );
     }
 
