@@ -281,10 +281,10 @@ def test_draining_workers_refuse_new_work():
 
 
 def test_ids_in_range_agrees_with_a_plain_check():
-    """core.request.ids_in_range (the engine's check of every prompt) against a Python test of
+    """token_ids.ids_in_range (the engine's check of every prompt) against a Python test of
     each id, on lists and int32 arrays, in range, at both edges and past them."""
     import numpy as np
-    from deepring.core.request import ids_in_range
+    from deepring.token_ids import ids_in_range
 
     vocab = 1000
     cases = [[], [0], [999], [1000], [-1], [5, 7, 999], [5, -3, 7], [2**40], [3, 4] * 500]

@@ -23,7 +23,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 
-import numpy as np
+from deepring.token_ids import u4_bytes
 
 KEY_BYTES = 32
 
@@ -45,7 +45,7 @@ def chain_keys(parent: bytes, token_ids: Sequence[int], block_size: int) -> list
     n = len(token_ids) // block_size
     if n == 0:
         return []
-    ids = np.asarray(token_ids[: n * block_size], dtype="<u4").tobytes()
+    ids = u4_bytes(token_ids[: n * block_size])
     out = []
     step = 4 * block_size
     for i in range(n):

@@ -25,7 +25,7 @@ from deepring.cache.pool import CacheConfig, KVCachePool
 from deepring.cache.transfer import CacheState, export_state, import_state
 from deepring.config import CACHE_CLASSES
 from deepring.core.prefix import PrefixCache, PrefixConfig, Store
-from deepring.core.request import Request, Status, ids_in_range
+from deepring.core.request import Request, Status
 from deepring.core.runner import Runner
 from deepring.core.scheduler import Scheduler, SchedulerConfig
 from deepring.cost.model import WARMUP_STEPS, OnlineFit, StepCost, StepShape
@@ -33,6 +33,7 @@ from deepring.cost.pacer import Pacer, PacerConfig
 from deepring.cost.presets import TINY_CPU
 from deepring.sampling.params import SamplingParams, TokenLogprob
 from deepring.structured.constraint import Constraint
+from deepring.token_ids import ids_in_range
 
 log = logging.getLogger("deepring.engine")
 

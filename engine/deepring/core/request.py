@@ -2,28 +2,12 @@
 
 from __future__ import annotations
 
-import array
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
-import numpy as np
-
 from deepring.sampling.params import SamplingParams, TokenLogprob
 from deepring.structured.constraint import Constraint
-
-
-def ids_in_range(token_ids: list[int] | np.ndarray, vocab: int) -> bool:
-    """Whether every id is in [0, vocab). The ids pass through an array of C unsigned ints
-    (which refuses a negative one) and numpy's max: a quarter of the time of min() and max()
-    over a long prompt's list, which every prefill and every handoff checks."""
-    if isinstance(token_ids, np.ndarray):  # (long prompts arrive as int32 arrays)
-        return token_ids.size == 0 or bool(token_ids.min() >= 0 and token_ids.max() < vocab)
-    try:
-        ids = array.array("I", token_ids)
-    except (OverflowError, TypeError):  # negative, past 32 bits, or not an int: decide slowly
-        return min(token_ids) >= 0 and max(token_ids) < vocab
-    return len(ids) == 0 or int(np.frombuffer(ids, dtype=np.uintc).max()) < vocab
 
 
 class Status(Enum):

@@ -11,23 +11,10 @@ with each request's first token.
 
 from __future__ import annotations
 
-import array
 import hashlib
-import sys
 from collections import OrderedDict
 
-import numpy as np
-
-# A list of ids converts to bytes ~3x faster through array.array than through numpy; its "I"
-# items are the "<u4" the digests are defined on where the platform is little-endian.
-_ARRAY_U4 = sys.byteorder == "little" and array.array("I").itemsize == 4
-
-
-def _u4_bytes(ids) -> bytes:
-    """The ids as little-endian uint32 bytes."""
-    if _ARRAY_U4 and isinstance(ids, list):
-        return array.array("I", ids).tobytes()
-    return np.asarray(ids, dtype="<u4").tobytes()
+from deepring.token_ids import u4_bytes
 
 
 class PrefixEstimate:
@@ -44,7 +31,7 @@ class PrefixEstimate:
         n = (len(prompt_ids) - 1) // bs  # a hit always leaves a token to compute
         if n <= 0:
             return []
-        data = _u4_bytes(prompt_ids[: n * bs])
+        data = u4_bytes(prompt_ids[: n * bs])
         size, blake2b = 4 * bs, hashlib.blake2b
         out, parent = [], b""
         for start in range(0, n * size, size):
