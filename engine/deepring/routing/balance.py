@@ -116,10 +116,16 @@ class CostRouter:
     ) -> tuple[int, float]:
         """(KV blocks, predicted decode step time) of decode worker w with `extra` more
         requests holding `extra_tokens` more tokens."""
-        requests = w.est_requests() + extra
-        blocks = w.est_blocks(self.block_size) + extra + extra_tokens // self.block_size
-        step = self.model(w, peers).decode_step(requests, w.est_tokens() + extra_tokens)
-        return blocks, step
+        est = w.est_requests(), w.est_tokens(), w.est_blocks(self.block_size)
+        return self._load(self.model(w, peers), est, extra, extra_tokens)
+
+    def _load(
+        self, model: StepCost, est: tuple[int, int, int], extra: int, extra_tokens: int
+    ) -> tuple[int, float]:
+        """_decode_load from a worker's model and (requests, tokens, blocks) estimates."""
+        requests, tokens, blocks = est
+        blocks += extra + extra_tokens // self.block_size
+        return blocks, model.decode_step(requests + extra, tokens + extra_tokens)
 
     def pick_decode(self, loads: Iterable[WorkerLoad], prompt_tokens: int) -> WorkerLoad | None:
         """The decode worker whose larger relative load after placement (its KV blocks and its
@@ -130,20 +136,18 @@ class CostRouter:
             return None
         n = len(ready)
         peers = self.peers(ready)
-        # After placement: _decode_load(w, 1, prompt_tokens + 1), before: _decode_load(w, 0, 0),
-        # each worker's estimates read once (this runs over every decode worker for every
-        # request), and the terms of the means below.
+        # Each worker's load after placement and before it, its estimates read once (this runs
+        # over every decode worker for every request), and the terms of the means below.
         bs = self.block_size
-        extra_tokens = prompt_tokens + 1
-        extra_blocks = 1 + extra_tokens // bs
         after, kv_terms, step_terms = [], [], []
         for w in ready:
-            r, tokens, blocks = w.est_requests(), w.est_tokens(), w.est_blocks(bs)
+            est = w.est_requests(), w.est_tokens(), w.est_blocks(bs)
             model = self.model(w, peers)
-            kv, step = blocks + extra_blocks, model.decode_step(r + 1, tokens + extra_tokens)
-            after.append((r, kv, step))
-            kv_terms.append(kv + (n - 1) * blocks)
-            step_terms.append(step + (n - 1) * model.decode_step(r, tokens))
+            kv, step = self._load(model, est, 1, prompt_tokens + 1)
+            kv0, step0 = self._load(model, est, 0, 0)
+            after.append((est[0], kv, step))
+            kv_terms.append(kv + (n - 1) * kv0)
+            step_terms.append(step + (n - 1) * step0)
         # The means once the request is placed (on average, 1/n of it on each worker).
         kv_mean, step_mean = sum(kv_terms) / n / n, sum(step_terms) / n / n
         kv_mean, step_mean = max(kv_mean, 1e-9), max(step_mean, TIE_S)
