@@ -319,15 +319,13 @@ class TokenMasks:
             s.eager = not self.allows(i, tokens[i])
             if not s.eager:
                 continue
-            count = self._count(i)
-            ids = self._ids(i) if 0 < count <= _SPARSE_TOKENS else None
-            if count == 0 or (ids is not None and len(ids) == 0):
+            if self._count(i) > _SPARSE_TOKENS:
+                dense.append(i)
+            elif len(ids := self._ids(i)):
+                sparse.append((i, ids))
+            else:
                 continue  # a matcher in error: the engine drops its constraint on advance
             self.rows += 1
-            if ids is None:
-                dense.append(i)
-            else:
-                sparse.append((i, ids))
         if sparse:
             # One head call for every sparse row, over the union of their allowed tokens.
             union = np.unique(np.concatenate([a for _, a in sparse]))
