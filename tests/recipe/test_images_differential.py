@@ -16,6 +16,7 @@ from __future__ import annotations
 import base64
 import os
 import sys
+import urllib.parse
 from pathlib import Path
 
 import deepring_recipe as ours
@@ -221,6 +222,11 @@ DATA_URLS = [
     "data:image/png;base64",
     "notadataurl",
     f"DATA:image/png;base64,{B64}",
+    # percent-decoded bodies: a whole PNG, a base64 body with escaped characters, and
+    # sequences that are not escapes (kept as they are)
+    "data:image/png," + urllib.parse.quote_from_bytes(PNG_30x20),
+    "data:image/png;base64," + urllib.parse.quote(B64, safe=""),
+    "data:image/png,%zz%4%" + urllib.parse.quote_from_bytes(PNG_30x20),
 ]
 
 

@@ -192,30 +192,12 @@ pub fn parse_data_url(url: &str, loc: &str) -> Result<Vec<u8>, ImageError> {
     if codec::format_of_media_type(essence).is_none() {
         return Err(ImageError::UnsupportedMediaType(loc.to_string()));
     }
-    let bytes = percent_decode(body.as_bytes());
+    // (a `%` not followed by two hex digits stays as it is)
+    let bytes: Vec<u8> = percent_encoding::percent_decode(body.as_bytes()).collect();
     if !base64 {
         return Ok(bytes);
     }
     forgiving_base64(&bytes).ok_or_else(invalid)
-}
-
-/// Percent-decoding as URLs do it: a `%` not followed by two hex digits stays as it is.
-fn percent_decode(b: &[u8]) -> Vec<u8> {
-    let hex = |c: u8| (c as char).to_digit(16).map(|d| d as u8);
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        if b[i] == b'%' && i + 2 < b.len() {
-            if let (Some(h), Some(l)) = (hex(b[i + 1]), hex(b[i + 2])) {
-                out.push(h << 4 | l);
-                i += 3;
-                continue;
-            }
-        }
-        out.push(b[i]);
-        i += 1;
-    }
-    out
 }
 
 /// WHATWG forgiving-base64 decode: whitespace removed, then one or two `=` of padding allowed
