@@ -52,7 +52,8 @@ _SPARSE_TOKENS = 4096
 # bounded string (maxLength) with fewer than 10 characters left every token is walked: ~1.2 ms
 # per mask for our 129k vocabulary. Finer string-body slices keep most tokens in slices that
 # the remaining length still accepts: masks ~1.6x cheaper over bounded strings (maxLength 12,
-# 40, 100), unchanged elsewhere, identical masks (tests/engine/test_structured_masks.py).
+# 40, 100), unchanged elsewhere (ad-hoc timings on the 2-core dev machine, 2026-12-02; the
+# bench's effect: bench/structured.py), identical masks (tests/engine/test_structured_masks.py).
 _STRING_BODY = r'[^"\\\x00-\x1F\x7F]'
 _SLICES = [
     r"[\x20\x0A\x0D\x09]+",
