@@ -72,7 +72,11 @@ def frozen_tensors(config: ModelConfig, seed: int, vocab: torch.Tensor) -> dict[
     u = torch.randn(d, generator=gen)
     u = u / u.norm()
     w = torch.randn(d, generator=gen)
-    w = w - (w @ u) * u
+    # The dot product in float64, rounded once: a float32 `w @ u` goes through the BLAS, whose
+    # summation order depends on the CPU (MKL on an Intel Xeon rounds it differently from the
+    # AMD EPYC that trained the shipped weights, and the digest below then refused them). The
+    # float64 dot rounds to what the training run's float32 dot gave.
+    w = w - (w.double() @ u.double()).float() * u
     w = w / w.norm()
     rank = torch.arange(vocab.numel(), dtype=torch.float32)
     head = torch.zeros(v, d)
