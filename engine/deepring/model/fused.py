@@ -2,7 +2,9 @@
 
 After fusing, each layer's weight is a view into one concatenated matrix, so parameters keep
 their names (checkpoints and state_dict are unchanged) and no memory is duplicated. If a weight
-is later replaced (not updated in place), the next call notices and fuses again.
+is later replaced (not updated in place), the next call notices and fuses again. Layers kept
+quantised (model.linear.Linear: each its own FP8 block grid) are not fused: each runs its own
+quantised GEMM.
 """
 
 from __future__ import annotations
@@ -30,6 +32,8 @@ class FusedLinears:
         self._ptrs = [lin.weight.data_ptr() for lin in self.linears]
 
     def __call__(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        if any(getattr(lin, "quant", None) is not None for lin in self.linears):
+            return tuple(lin(x) for lin in self.linears)
         if self.weight is None or any(
             lin.weight.data_ptr() != p for lin, p in zip(self.linears, self._ptrs, strict=True)
         ):
