@@ -31,8 +31,15 @@ def checkpoint(tmp_path_factory):
     return path, tensors
 
 
-def _load(path, quantised):
-    return load_model(path, dtype="float32", progress=False, quantised=quantised).model
+@pytest.fixture(autouse=True)
+def interpreted(monkeypatch):
+    """quantised="keep" on CPU asks for Triton's interpreter. This process imported triton
+    without it, so nothing here runs a kernel: these tests check layouts, bytes and errors."""
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+
+
+def _load(path, quantised, **kw):
+    return load_model(path, dtype="float32", progress=False, quantised=quantised, **kw).model
 
 
 def _nbytes(tensors) -> int:
@@ -87,13 +94,34 @@ def test_the_memory_plan_counts_kept_weights_as_loaded(checkpoint):
     assert plain.experts > 7 * got.experts  # dequantised: 4 bytes a value
 
 
-def test_the_quantised_mode_follows_the_device_unless_chosen():
-    assert keeps_quantised("auto", torch.device("cuda"))
-    assert not keeps_quantised("auto", torch.device("cpu"))
-    assert keeps_quantised("keep", torch.device("cpu"))
-    assert not keeps_quantised("dequantise", torch.device("cuda"))
+def test_the_quantised_mode_follows_the_device_unless_chosen(monkeypatch):
+    pytest.importorskip("triton")
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    assert keeps_quantised("auto", cuda)
+    assert not keeps_quantised("dequantise", cuda)
+    assert keeps_quantised("keep", cpu)  # under the interpreter (tests)
+    monkeypatch.delenv("TRITON_INTERPRET")
+    assert not keeps_quantised("auto", cpu)
+    with pytest.raises(ValueError, match="need a CUDA device"):
+        keeps_quantised("keep", cpu)
     with pytest.raises(ValueError, match="quantised must be one of"):
-        keeps_quantised("fp8", torch.device("cpu"))
+        keeps_quantised("fp8", cpu)
+
+
+def test_a_rank_of_an_expert_parallel_group_keeps_its_dense_layers_only(checkpoint):
+    path, _ = checkpoint
+    rank = _load(path, "keep", experts=[0, 2, 5, 7])
+    layer = rank.model.layers[1]
+    assert layer.self_attn.q_a_proj.quant == ("fp8", 128)
+    assert layer.mlp.experts.quant is None
+    assert layer.mlp.experts.gate_up_proj.dtype == torch.float32
+    assert layer.mlp.experts.gate_up_proj.shape[0] == 4
+    plan = memory_plan.model_bytes(rank.config, torch.float32, kept=path, routed=False)
+    whole = memory_plan.model_bytes(rank.config, torch.float32)
+    assert plan.experts == whole.experts  # dequantised, 4 bytes a value
+    assert plan.replicated == _nbytes([*rank.parameters(), *rank.buffers()]) - _nbytes(
+        t for la in rank.model.layers for t in la.mlp.experts.parameters()
+    )
 
 
 FP8 = "model.layers.0.self_attn.q_a_proj"

@@ -70,20 +70,23 @@ _V41_HOST = re.compile(r"\.engram\.embed\.")
 _V4_ROUTED = re.compile(r"^model\.layers\.\d+\.mlp\.experts\.")
 
 
-def model_bytes(config: ModelConfig, dtype: torch.dtype, kept: Path | None = None) -> ModelBytes:
+def model_bytes(
+    config: ModelConfig, dtype: torch.dtype, kept: Path | None = None, routed: bool = True
+) -> ModelBytes:
     """The weights' bytes served in `dtype` on the device, split into replicated and routed
     experts (V4 or V4.1; V4.1's Engram tables are host memory and not counted). kept: the
-    checkpoint whose quantised weights the worker keeps quantised (None: all dequantised)."""
+    checkpoint whose quantised weights the worker keeps quantised (None: all dequantised);
+    routed: its routed experts too (not on a rank of an expert-parallel group: load_model)."""
     from deepring.model.v41.config import V41Config
 
     if isinstance(config, V41Config):
-        return _v41_bytes(config, dtype, kept)
+        return _v41_bytes(config, dtype, kept)  # (V4.1 does not run expert-parallel)
     from deepring.model.model import DeepseekV4
 
     with torch.device("meta"):
         net = DeepseekV4(config)
     if kept is not None:
-        keep_quantised(net, kept)
+        keep_quantised(net, kept, routed=routed)
 
     def routed(name: str, _p) -> bool:
         return _V4_ROUTED.match(name) is not None
@@ -170,11 +173,12 @@ def plan(workers: tuple[WorkerConfig, ...]) -> list[WorkerMemory]:
             continue
         dtype = resolve_dtype(spec.dtype, torch.device(dev))
         keep = keeps_quantised(spec.quantised, torch.device(dev)) and spec.load_format != "dummy"
-        key = (spec.model, dtype, keep)
+        key = (spec.model, dtype, keep, w.ep is None)
         if key not in cache:
             path = resolve_model_path(spec.model)
             config = ModelConfig.from_pretrained(path)
-            cache[key] = (config, model_bytes(config, dtype, path if keep else None))
+            mb = model_bytes(config, dtype, path if keep else None, routed=w.ep is None)
+            cache[key] = (config, mb)
         config, mb = cache[key]
         experts, share = mb.experts, f"{mb.n_experts}/{mb.n_experts}"
         if w.ep is not None:

@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from deepring.kernels.cpu_warmup import warm_up_cpu_kernels
+from deepring.kernels.dispatch import triton_runs_on
 from deepring.model.config import ModelConfig
 from deepring.model.dummy import init_dummy_weights
 from deepring.model.embedded import EMBEDDED, embedded_dir
@@ -43,15 +44,19 @@ def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torc
 
 def keeps_quantised(quantised: str, device: torch.device) -> bool:
     """Whether a checkpoint's quantised weights stay quantised in memory (model.linear, the
-    kernels.quant_gemm GEMMs) or dequantise at load. auto: kept on CUDA, where the Triton
-    kernels run and FP8 / FP4 is what lets the experts fit; dequantised elsewhere, where
-    plain GEMMs are faster. keep on a CPU device runs the kernels in Triton's interpreter
-    (TRITON_INTERPRET=1): only for tests."""
+    kernels.quant_gemm GEMMs) or dequantise at load. auto: kept where the Triton kernels run
+    (CUDA), where FP8 / FP4 is what lets the experts fit; dequantised on CPU, where plain GEMMs
+    are faster. keep: kept, which on a CPU device needs Triton's interpreter (tests only).
+    A rank of an expert-parallel group keeps its dense layers only (load_model)."""
     if quantised not in QUANTISED:
         raise ValueError(f"quantised must be one of {QUANTISED}, got {quantised!r}")
-    if quantised == "auto":
-        return device.type == "cuda"
-    return quantised == "keep"
+    runs = triton_runs_on(device)
+    if quantised == "keep" and not runs:
+        raise ValueError(
+            f"quantised='keep' runs Triton kernels, which need a CUDA device (or "
+            f"TRITON_INTERPRET=1), not {device.type}: use quantised='dequantise'"
+        )
+    return quantised == "keep" or (quantised == "auto" and runs)
 
 
 def resolve_model_path(model: str | Path) -> Path:
@@ -104,10 +109,9 @@ def load_model(
     if experts is not None and load_format != "dummy":
         _expert_rows(net, list(experts))
     if keep:
-        keep_quantised(net, path)
-        if experts is not None and any(la.mlp.experts.quant for la in net.model.layers):
-            # A rank's expert rows are cut from gate_up / down, not yet from their scales.
-            raise ValueError("a rank of an expert-parallel group loads with quantised='dequantise'")
+        # A rank of an expert-parallel group cuts and moves expert rows (gate_up / down), not
+        # yet their scales: its routed experts dequantise, its dense layers stay kept.
+        keep_quantised(net, path, routed=experts is None)
     net.to_empty(device="cpu")
     if load_format == "dummy":
         init_dummy_weights(net, seed)
