@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from deepring import cli
 from deepring.core import memory_plan
 from deepring.model.loader import keeps_quantised, load_model
 from quant_helpers import write_quantised_v4
@@ -106,6 +107,15 @@ def test_the_quantised_mode_follows_the_device_unless_chosen(monkeypatch):
         keeps_quantised("keep", cpu)
     with pytest.raises(ValueError, match="quantised must be one of"):
         keeps_quantised("fp8", cpu)
+
+
+def test_generate_threads_the_quantised_mode_to_the_loader(checkpoint, monkeypatch, capsys):
+    path, _ = checkpoint
+    monkeypatch.delenv("TRITON_INTERPRET")  # keep on a CPU device: refused before any kernel
+    argv = ["generate", "--model", str(path), "--ids", "3,5", "--device", "cpu"]
+    argv += ["--quantised", "keep"]
+    assert cli.main(argv) == 2
+    assert "quantised='keep' runs Triton kernels" in capsys.readouterr().err
 
 
 def test_a_rank_of_an_expert_parallel_group_keeps_its_dense_layers_only(checkpoint):
