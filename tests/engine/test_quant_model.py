@@ -18,6 +18,7 @@ import torch
 from deepring import cli
 from deepring.core import memory_plan
 from deepring.model.loader import keeps_quantised, load_model
+from deepring.model.weights import save_checkpoint
 from quant_helpers import write_quantised_v4
 from safetensors.torch import save_file
 from v4_helpers import model_config, ours
@@ -82,6 +83,13 @@ def test_kept_weights_are_the_checkpoints_bytes_at_their_real_size(checkpoint):
     total_kept = _nbytes([*kept.parameters(), *kept.buffers()])
     total_plain = _nbytes([*plain.parameters(), *plain.buffers()])
     assert total_plain - total_kept == fp32_bytes - fp8_bytes + fp32_experts - fp4_bytes
+
+
+def test_a_kept_model_is_not_saved_as_if_plain(checkpoint, tmp_path):
+    path, _ = checkpoint
+    kept = _load(path, "keep")
+    with pytest.raises(ValueError, match="cannot be saved"):
+        save_checkpoint(kept, tmp_path, kept.config.to_hf_dict())
 
 
 def test_the_memory_plan_counts_kept_weights_as_loaded(checkpoint):

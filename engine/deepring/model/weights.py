@@ -368,6 +368,11 @@ def save_checkpoint(
     model: nn.Module, path: str | Path, config_dict: dict, dtype: torch.dtype | None = None
 ) -> None:
     """Write config.json + model.safetensors (tensors in `dtype`, fp32-kept ones in fp32)."""
+    if kept_tensors(model):
+        # Kept FP8 bytes would be written as plain uint8, which reads back as packed FP4.
+        raise ValueError(
+            "a model holding quantised weights cannot be saved: load it with quantised='dequantise'"
+        )
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     tensors = {}
