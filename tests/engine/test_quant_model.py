@@ -9,6 +9,7 @@ in Triton's interpreter on CPU; it must be set before triton is first imported).
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -19,9 +20,10 @@ from deepring import cli
 from deepring.core import memory_plan
 from deepring.model.loader import keeps_quantised, load_model
 from deepring.model.weights import save_checkpoint
-from quant_helpers import write_quantised_v4
+from quant_helpers import write_quantised_v4, write_quantised_v41
 from safetensors.torch import save_file
 from v4_helpers import model_config, ours
+from v41_helpers import tiny_dict, tiny_model
 
 CASES = Path(__file__).with_name("quant_model_cases.py")
 
@@ -101,6 +103,18 @@ def test_the_memory_plan_counts_kept_weights_as_loaded(checkpoint):
     assert got.replicated + got.experts == _nbytes([*kept.parameters(), *kept.buffers()])
     plain = memory_plan.model_bytes(kept.config, torch.float32)
     assert plain.experts > 7 * got.experts  # dequantised: 4 bytes a value
+
+
+def test_the_memory_plan_counts_a_kept_v41_model_as_loaded(tmp_path):
+    write_quantised_v41(tiny_model(seed=4), tmp_path, tiny_dict())
+    kept = _load(tmp_path, "keep")
+    assert kept.layers[2].attn.wq_a.quant == ("fp8", 32)
+    assert kept.layers[1].ffn.experts[0].w1.quant == ("mxfp4", 32)
+    named = [*kept.named_parameters(), *kept.named_buffers()]
+    held = _nbytes(t for n, t in named if ".engram.embed." not in n)  # host memory
+    experts = _nbytes(t for n, t in named if re.match(r"layers\.\d+\.ffn\.experts\.", n))
+    got = memory_plan.model_bytes(kept.config, torch.float32, kept=tmp_path)
+    assert (got.replicated, got.experts) == (held - experts, experts)
 
 
 def test_the_quantised_mode_follows_the_device_unless_chosen(monkeypatch):
