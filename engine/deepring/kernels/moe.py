@@ -1,7 +1,7 @@
 """Mixture of experts: the router (learned top-k or frozen hash routing), the routed experts
 (clamped SwiGLU applied to each token's top-k picks) and the layer's entry point, `moe_layer`,
 which picks the backend: numba on fp32 CPU rows (kernels.moe_numba), Triton on GPUs, torch
-otherwise.
+otherwise; experts kept in MXFP4 (model.moe.Experts.keep_quantised) run moe_experts_mxfp4.
 
 Router scores are sqrtsoftplus(logits) (or softmax / sigmoid). Learned routing picks the top-k of
 score + e_score_correction_bias (the bias only steers selection); hash routing takes the experts
