@@ -61,6 +61,7 @@ def _generate(args: argparse.Namespace) -> int:
             device=args.device,
             dtype=args.dtype,
             load_format=args.load_format,
+            quantised=args.quantised,
             speculative=args.speculative,
         )
         outputs = llm.generate(prompts, params)
@@ -119,6 +120,13 @@ def _add_generate(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--device", default=None, help="cpu | cuda (default: cuda when available)")
     p.add_argument("--dtype", default=None, help="float32 | bfloat16 | float16 (default: auto)")
     p.add_argument("--load-format", default="auto", choices=["auto", "dummy"])
+    p.add_argument(
+        "--quantised",
+        default="auto",
+        choices=["auto", "keep", "dequantise"],
+        help="a checkpoint's FP8 / MXFP4 weights: kept quantised in memory (the Triton GEMMs) "
+        "or dequantised at load (default auto: kept on CUDA, dequantised on CPU)",
+    )
     p.add_argument("--json", action="store_true", help="one JSON object per prompt")
     p.add_argument(
         "--speculative",

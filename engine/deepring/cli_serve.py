@@ -45,6 +45,7 @@ def _engine_spec(
         device=args.device,
         dtype=args.dtype,
         load_format=args.load_format,
+        quantised=args.quantised,
         max_model_len=args.max_model_len,
         max_num_seqs=max_num_seqs or args.max_num_seqs,
         max_num_batched_tokens=budget or args.max_num_batched_tokens,

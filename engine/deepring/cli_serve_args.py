@@ -52,6 +52,13 @@ def add_engine_args(p: argparse.ArgumentParser, max_num_seqs: int = 64) -> None:
         "Perfetto, chrome://tracing)",
     )
     g.add_argument("--load-format", default="auto", choices=["auto", "dummy"])
+    g.add_argument(
+        "--quantised",
+        default="auto",
+        choices=["auto", "keep", "dequantise"],
+        help="a checkpoint's FP8 / MXFP4 weights: kept quantised in memory (the Triton GEMMs) "
+        "or dequantised at load (default auto: kept on CUDA, dequantised on CPU)",
+    )
     g.add_argument("--max-model-len", type=int, default=4096)
     g.add_argument(
         "--max-num-seqs", type=int, default=max_num_seqs, help="batch slots of a (decode) worker"

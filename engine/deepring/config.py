@@ -138,6 +138,9 @@ class EngineSpec:
     device: str | None = None  # None: cuda when available, else cpu
     dtype: str | None = None
     load_format: str = "auto"
+    # A checkpoint's FP8 / MXFP4 weights: auto (kept quantised on CUDA, dequantised on CPU),
+    # keep or dequantise (model.loader.keeps_quantised).
+    quantised: str = "auto"
     seed: int = 0
     max_model_len: int = 4096
     max_num_seqs: int = 64

@@ -62,6 +62,7 @@ class LLM:
         dtype: str | torch.dtype | None = None,
         device: str | torch.device | None = None,
         load_format: str = "auto",
+        quantised: str = "auto",
         seed: int = 0,
         max_model_len: int = 4096,
         max_num_seqs: int = 64,
@@ -72,7 +73,8 @@ class LLM:
         speculative: str = "off",
     ) -> None:
         """speculative: off | mtp | fixed:N | dspark (core.speculative; the output is the
-        same either way, only faster or slower)."""
+        same either way, only faster or slower). quantised: auto | keep | dequantise, what
+        happens to a checkpoint's FP8 / MXFP4 weights (model.loader.keeps_quantised)."""
         if max_num_batched_tokens is None:
             # Offline work is throughput-bound: a step's token budget of a whole prompt at least,
             # and 4096 (DeepInfer's default rule). Serving keeps its smaller, latency-bound one.
@@ -84,6 +86,7 @@ class LLM:
             device=str(device) if device is not None else None,
             dtype=dtype,
             load_format=load_format,
+            quantised=quantised,
             seed=seed,
             max_model_len=max_model_len,
             max_num_seqs=max_num_seqs,

@@ -5,63 +5,19 @@ within the formats' error of the original weights; malformed scales and shapes a
 
 from __future__ import annotations
 
-import json
-
 import pytest
 import torch
 from deepring.model.loader import load_model
-from quant_helpers import quantize_fp8, quantize_mxfp4
+from quant_helpers import write_quantised_v4
 from safetensors.torch import save_file
 from v4_helpers import model_config, ours, prefill_logits
-
-
-def _quantised_checkpoint(model, path):
-    """Write `model` in the official layout; return the state dict it dequantises to."""
-    tensors, reference = {}, {}
-    for name, t in model.state_dict().items():
-        if name.endswith("inv_freq"):
-            continue
-        t = t.detach().contiguous()
-        t = t.float() if t.is_floating_point() else t
-        if name.endswith("experts.gate_up_proj") or name.endswith("experts.down_proj"):
-            reference[name] = torch.empty_like(t)
-            prefix = name.rsplit(".", 1)[0]
-            for e in range(t.shape[0]):
-                if name.endswith("gate_up_proj"):
-                    inter = t.shape[1] // 2
-                    parts = {"w1": t[e, :inter], "w3": t[e, inter:]}
-                else:
-                    parts = {"w2": t[e]}
-                deq = {}
-                for leaf, w in parts.items():
-                    packed, scale, deq[leaf] = quantize_mxfp4(w)
-                    tensors[f"{prefix}.{e}.{leaf}.weight"] = packed
-                    tensors[f"{prefix}.{e}.{leaf}.scale"] = scale
-                reference[name][e] = torch.cat([deq["w1"], deq["w3"]]) if "w1" in deq else deq["w2"]
-        elif (
-            name.endswith(".weight")
-            and t.dim() == 2
-            and "embed" not in name
-            and "compressor" not in name  # BF16 in the official checkpoint
-        ):
-            q, scale, reference[name] = quantize_fp8(t)
-            tensors[name] = q
-            tensors[name.removesuffix(".weight") + ".scale"] = scale
-        else:
-            tensors[name] = reference[name] = t
-    path.mkdir(parents=True, exist_ok=True)
-    save_file(tensors, str(path / "model.safetensors"))
-    d = model.config.to_hf_dict()
-    d["quantization_config"] = {"quant_method": "fp8", "weight_block_size": [128, 128]}
-    (path / "config.json").write_text(json.dumps(d), encoding="utf-8")
-    return tensors, reference
 
 
 @pytest.fixture(scope="module")
 def quantised(tmp_path_factory):
     model = ours(model_config("swa-csa-hca"), seed=5)
     path = tmp_path_factory.mktemp("fp8-fp4")
-    tensors, reference = _quantised_checkpoint(model, path)
+    tensors, reference = write_quantised_v4(model, path)
     return model, path, tensors, reference
 
 

@@ -10,41 +10,15 @@ import json
 import pytest
 import torch
 from deepring.model.loader import load_model
-from quant_helpers import quantize_fp8, quantize_mxfp4
+from quant_helpers import quantize_fp8, write_quantised_v41
 from safetensors.torch import save_file
 from v41_helpers import make_pool, new_seqs, step, tiny_dict, tiny_model
-
-BLOCK = 32  # V4.1-Flash's weight_block_size
-# Tables and small fp32-kept parts stay unquantised (embeddings, Engram's table, routers,
-# hyper-connection maps, the Markov and confidence heads).
-_PLAIN = ("embed", "gate.weight", "markov_head", "confidence_head", "weights_proj", "head.weight")
-
-
-def _quantised(model, path):
-    tensors, reference = {}, {}
-    for name, t in model.state_dict().items():
-        t = t.detach().float().contiguous()
-        base = name.removesuffix(".weight")
-        if not name.endswith(".weight") or t.dim() != 2 or any(p in name for p in _PLAIN):
-            tensors[name] = reference[name] = t
-        elif ".experts." in name and ".shared_experts." not in name:
-            packed, scale, reference[name] = quantize_mxfp4(t)
-            tensors[name], tensors[base + ".scale"] = packed, scale
-        else:
-            q, scale, reference[name] = quantize_fp8(t, BLOCK)
-            tensors[name], tensors[base + ".scale"] = q, scale
-    path.mkdir(parents=True, exist_ok=True)
-    save_file(tensors, str(path / "model.safetensors"))
-    config = tiny_dict()
-    assert config["quantization_config"]["weight_block_size"] == [BLOCK, BLOCK]
-    (path / "config.json").write_text(json.dumps(config), encoding="utf-8")
-    return tensors, reference
 
 
 @pytest.fixture(scope="module")
 def quantised(tmp_path_factory):
     path = tmp_path_factory.mktemp("v41-fp8-fp4")
-    tensors, reference = _quantised(tiny_model(seed=4), path)
+    tensors, reference = write_quantised_v41(tiny_model(seed=4), path, tiny_dict())
     return path, tensors, reference
 
 

@@ -18,18 +18,9 @@ if not INTERPRET and not torch.cuda.is_available():
     pytest.skip("needs TRITON_INTERPRET=1 or a CUDA device", allow_module_level=True)
 
 if INTERPRET:
-    # Triton 3.6's interpreter turns scalar kernel arguments into 1-element arrays and indexes
-    # loops with int(array), which NumPy >= 2.3 refuses for non-0-d arrays. Shim __index__ so
-    # `range(0, n, BLOCK)` over a runtime n works; kernels and their semantics are untouched.
-    import triton.runtime.interpreter as _interp
+    from triton_interp import patch_interpreter
 
-    _patch_tensor = _interp._patch_lang_tensor
-
-    def _patch_lang_tensor(tensor, scope):
-        _patch_tensor(tensor, scope)
-        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
-
-    _interp._patch_lang_tensor = _patch_lang_tensor
+    patch_interpreter()
 
 from deepring.kernels import (  # noqa: E402
     attention_decode,

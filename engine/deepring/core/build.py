@@ -79,13 +79,14 @@ def load_weights(
         seed=spec.seed,
         progress=progress,
         experts=experts,
+        quantised=spec.quantised,
     )
 
 
 def build_engine(spec: EngineSpec, *, progress: bool = False, loaded=None) -> BuiltEngine:
     """Load what `spec` names and size its caches. ValueError for a model that cannot load.
     loaded: the model, already loaded (load_weights) with the same model, dtype, device, load
-    format and seed."""
+    format, quantised mode and seed."""
     from deepring.model.loader import resolve_model_path
 
     device = _device(spec)

@@ -7,7 +7,11 @@ per-request window state, and an estimate of one step's activations; summed per 
 a clear error when a device cannot hold its workers.
 
 The weight bytes are exact: the model is built on the meta device (no memory) and each tensor
-counted at the dtype it is served in (model.weights.keep_fp32). The KV bytes are the pool's
+counted at the dtype it is served in (model.weights.keep_fp32); where the worker keeps a
+checkpoint's quantised weights (model.loader.keeps_quantised: the default on CUDA), the layers
+the checkpoint's headers show quantised are laid out as the loader lays them out
+(model.weights.keep_quantised) and counted at their real size: a byte per FP8 value, half a
+byte per MXFP4 value, plus the UE8M0 scale bytes. The KV bytes are the pool's
 own (cache.pool). The activations are a rough allowance, not a measurement: the live tensors
 of the widest step (max_num_batched_tokens rows through the hyper-connection streams,
 attention, the indexer and the experts; the sampled rows' fp32 logits).
@@ -18,14 +22,15 @@ from __future__ import annotations
 import dataclasses
 import re
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
 from deepring.cache.pool import CacheConfig, KVCachePool
 from deepring.config import EngineSpec, WorkerConfig
 from deepring.model.config import ModelConfig
-from deepring.model.loader import resolve_dtype, resolve_model_path
-from deepring.model.weights import keep_fp32
+from deepring.model.loader import keeps_quantised, resolve_dtype, resolve_model_path
+from deepring.model.weights import keep_fp32, keep_quantised
 
 # Hidden-size rows of activations per batched token that one step keeps live at once (the
 # hyper-connection streams, attention and indexer projections, the experts' picks): an
@@ -61,26 +66,35 @@ _V41_ROUTED = re.compile(r"^layers\.\d+\.ffn\.experts\.")
 _V41_HOST = re.compile(r"\.engram\.embed\.")
 
 
-def model_bytes(config: ModelConfig, dtype: torch.dtype) -> ModelBytes:
+# A V4 backbone layer's routed experts (their packed bytes and scales when kept quantised).
+_V4_ROUTED = re.compile(r"^model\.layers\.\d+\.mlp\.experts\.")
+
+
+def model_bytes(
+    config: ModelConfig, dtype: torch.dtype, kept: Path | None = None, routed: bool = True
+) -> ModelBytes:
     """The weights' bytes served in `dtype` on the device, split into replicated and routed
-    experts (V4 or V4.1; V4.1's Engram tables are host memory and not counted)."""
+    experts (V4 or V4.1; V4.1's Engram tables are host memory and not counted). kept: the
+    checkpoint whose quantised weights the worker keeps quantised (None: all dequantised);
+    routed: its routed experts too (not on a rank of an expert-parallel group: load_model)."""
     from deepring.model.v41.config import V41Config
 
     if isinstance(config, V41Config):
-        return _v41_bytes(config, dtype)
+        return _v41_bytes(config, dtype, kept)  # (V4.1 does not run expert-parallel)
     from deepring.model.model import DeepseekV4
 
     with torch.device("meta"):
         net = DeepseekV4(config)
-    experts = {
-        id(t)
-        for layer in net.model.layers
-        for t in (layer.mlp.experts.gate_up_proj, layer.mlp.experts.down_proj)
-    }
-    return _count(net, dtype, keep_fp32, lambda name, p: id(p) in experts, config)
+    if kept is not None:
+        keep_quantised(net, kept, routed=routed)
+
+    def routed(name: str, _p) -> bool:
+        return _V4_ROUTED.match(name) is not None
+
+    return _count(net, dtype, keep_fp32, routed, config)
 
 
-def _v41_bytes(config, dtype: torch.dtype) -> ModelBytes:
+def _v41_bytes(config, dtype: torch.dtype, kept: Path | None) -> ModelBytes:
     from deepring.model.v41.model import DeepseekV41
     from deepring.model.v41.weights import keep_fp32 as v41_keep_fp32
 
@@ -91,6 +105,8 @@ def _v41_bytes(config, dtype: torch.dtype) -> ModelBytes:
         config = dataclasses.replace(config, engram=engram)
     with torch.device("meta"):
         net = DeepseekV41(config)
+    if kept is not None:
+        keep_quantised(net, kept, rename=lambda key: key.removeprefix("model."))
 
     def routed(name: str, _p) -> bool:
         return _V41_ROUTED.match(name) is not None
@@ -100,7 +116,8 @@ def _v41_bytes(config, dtype: torch.dtype) -> ModelBytes:
 
 def _count(net, dtype, keep_fp32_of, is_routed, config, host=None) -> ModelBytes:
     """Parameter and buffer bytes of a meta model as served in `dtype` (fp32-kept parameters
-    at 4 bytes), routed experts apart; parameters whose name `host` matches are left out."""
+    at 4 bytes; buffers, kept quantised weights among them, at their own size), routed
+    experts apart; parameters whose name `host` matches are left out."""
     replicated = routed = 0
     for name, p in net.named_parameters():
         if host is not None and host.search(name):
@@ -110,7 +127,12 @@ def _count(net, dtype, keep_fp32_of, is_routed, config, host=None) -> ModelBytes
             routed += n
         else:
             replicated += n
-    replicated += sum(b.numel() * b.element_size() for b in net.buffers())
+    for name, b in net.named_buffers():
+        n = b.numel() * b.element_size()
+        if is_routed(name, b):
+            routed += n
+        else:
+            replicated += n
     return ModelBytes(replicated, routed, config.n_routed_experts)
 
 
@@ -150,10 +172,13 @@ def plan(workers: tuple[WorkerConfig, ...]) -> list[WorkerMemory]:
             out.append(WorkerMemory(w.worker_id, dev, 0, 0, "none", 0, 0))
             continue
         dtype = resolve_dtype(spec.dtype, torch.device(dev))
-        key = (spec.model, dtype)
+        keep = keeps_quantised(spec.quantised, torch.device(dev)) and spec.load_format != "dummy"
+        key = (spec.model, dtype, keep, w.ep is None)
         if key not in cache:
-            config = ModelConfig.from_pretrained(resolve_model_path(spec.model))
-            cache[key] = (config, model_bytes(config, dtype))
+            path = resolve_model_path(spec.model)
+            config = ModelConfig.from_pretrained(path)
+            mb = model_bytes(config, dtype, path if keep else None, routed=w.ep is None)
+            cache[key] = (config, mb)
         config, mb = cache[key]
         experts, share = mb.experts, f"{mb.n_experts}/{mb.n_experts}"
         if w.ep is not None:

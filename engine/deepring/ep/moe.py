@@ -32,7 +32,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from deepring.ep.placement import ExpertLoad, Placement
-from deepring.kernels.moe import MoEWeights, moe_experts, route
+from deepring.kernels.moe import MoEWeights, route, routed_experts
 
 
 class ExpertParallelMoE:
@@ -128,7 +128,7 @@ class ExpertParallelMoE:
         got_slots = self._exchange(slots, recv_splits, send_splits)
         if got.shape[0]:
             ones = torch.ones(got.shape[0], 1, dtype=torch.float32, device=dev)
-            y = moe_experts(got, got_slots[:, None], ones, w.gate_up, w.down, w.limit)
+            y = routed_experts(got, got_slots[:, None], ones, w)
         else:
             y = got
         back = self._exchange(y, send_splits, recv_splits)

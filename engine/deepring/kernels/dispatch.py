@@ -20,6 +20,7 @@ threads: a parallel loop starts on the threads that wait, spinning, between torc
 from __future__ import annotations
 
 import functools
+import os
 from collections.abc import Callable
 
 import numpy as np
@@ -65,6 +66,13 @@ def reset() -> None:
     """Forget the cached backend choice (tests that change DEEPRING_KERNELS call this)."""
     global _backend
     _backend = None
+
+
+def triton_runs_on(device: torch.device) -> bool:
+    """Whether Triton kernels can run on `device`'s tensors: CUDA ones, or any under Triton's
+    interpreter (TRITON_INTERPRET=1, Triton's own variable, which takes effect when triton is
+    first imported: the tests set it in a fresh process)."""
+    return HAVE_TRITON and (device.type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1")
 
 
 def use_triton(x: torch.Tensor) -> bool:

@@ -1,7 +1,7 @@
 """Mixture of experts: the router (learned top-k or frozen hash routing), the routed experts
 (clamped SwiGLU applied to each token's top-k picks) and the layer's entry point, `moe_layer`,
 which picks the backend: numba on fp32 CPU rows (kernels.moe_numba), Triton on GPUs, torch
-otherwise.
+otherwise; experts kept in MXFP4 (model.moe.Experts.keep_quantised) run moe_experts_mxfp4.
 
 Router scores are sqrtsoftplus(logits) (or softmax / sigmoid). Learned routing picks the top-k of
 score + e_score_correction_bias (the bias only steers selection); hash routing takes the experts
@@ -255,6 +255,50 @@ def moe_experts(
     return fn(x, idx, weights, gate_up, down, limit)
 
 
+def moe_experts_mxfp4(
+    x: torch.Tensor,
+    idx: torch.Tensor,
+    weights: torch.Tensor,
+    w: MoEWeights,
+) -> torch.Tensor:
+    """The routed experts with their weights kept in MXFP4 (w.gate_up / w.down packed bytes,
+    w.gate_up_scale / w.down_scale their UE8M0 scales: model.moe.Experts.keep_quantised).
+
+    A first version: a loop over the experts present, each running the rows routed to it
+    through kernels.quant_gemm.mxfp4_linear (two launches per expert), the GEMM outputs cast
+    to x's dtype as a plain layer's would be. A grouped kernel over all experts in one launch,
+    like moe_experts_triton's, is the step after."""
+    from deepring.kernels.quant_gemm import mxfp4_linear  # triton: only when kept
+
+    n, k = idx.shape
+    order, counts = _group(idx, w.gate_up.shape[0])
+    rows = order // k
+    w_sorted = weights.reshape(-1).index_select(0, order).to(x.dtype)[:, None]
+    out = torch.zeros(n, x.shape[1], dtype=x.dtype, device=x.device)
+    start = 0
+    for e, c in enumerate(counts):
+        if c == 0:
+            continue
+        seg = rows[start : start + c]
+        h = mxfp4_linear(x.index_select(0, seg), w.gate_up[e], w.gate_up_scale[e]).to(x.dtype)
+        g, u = h.chunk(2, dim=-1)
+        act = clamped_swiglu(g, u, w.limit)
+        y = mxfp4_linear(act, w.down[e], w.down_scale[e]).to(x.dtype)
+        out.index_add_(0, seg, y * w_sorted[start : start + c])
+        start += c
+    return out
+
+
+def routed_experts(
+    x: torch.Tensor, idx: torch.Tensor, weights: torch.Tensor, w: MoEWeights
+) -> torch.Tensor:
+    """The routed experts' sum for rows x [T, D] routed to idx [T, k] with weights [T, k]:
+    the kept-MXFP4 loop when the layer keeps its experts quantised, else moe_experts."""
+    if w.gate_up_scale is not None:
+        return moe_experts_mxfp4(x, idx, weights, w)
+    return moe_experts(x, idx, weights, w.gate_up, w.down, w.limit)
+
+
 class MoEWeights(NamedTuple):
     """One MoE layer's parameters, as the entry point takes them."""
 
@@ -270,6 +314,10 @@ class MoEWeights(NamedTuple):
     shared_gate: torch.Tensor  # the shared expert's [S, D], [S, D], [D, S]
     shared_up: torch.Tensor
     shared_down: torch.Tensor
+    # Kept MXFP4 experts (model.moe.Experts.keep_quantised): gate_up / down are then packed
+    # bytes [E, 2I, D/2] / [E, D, I/2] and these their UE8M0 scales [E, 2I, D/32] / [E, D, I/32].
+    gate_up_scale: torch.Tensor | None = None
+    down_scale: torch.Tensor | None = None
 
 
 def _score(logits: torch.Tensor, func: str) -> torch.Tensor:
@@ -311,8 +359,11 @@ def route(
 
 
 def _numba_fits(w: MoEWeights) -> bool:
-    """The numba MoE copies the gate / up projections: only for small layers, in inference."""
+    """The numba MoE copies the gate / up projections: only for small layers, in inference,
+    and plain (not kept quantised) weights."""
     g = w.gate_up
+    if not (g.is_floating_point() and w.shared_gate.is_floating_point()):
+        return False
     return not g.requires_grad and g.numel() * g.element_size() <= MOE_NUMBA_MAX_BYTES
 
 
@@ -334,4 +385,4 @@ def moe_layer(
         idx, wts = route(h[:, packed.router_at :], input_ids, w)
         return moe_rows_numba(h, idx, wts, packed)
     idx, wts = route(F.linear(x, w.router), input_ids, w)
-    return moe_experts(x, idx, wts, w.gate_up, w.down, w.limit) + shared(x)
+    return routed_experts(x, idx, wts, w) + shared(x)

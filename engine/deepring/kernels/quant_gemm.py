@@ -8,9 +8,11 @@
 
 Each weight tile is decoded in registers right after its load and multiplied in fp32, so the
 weights stay 1 byte (FP8) or half a byte (FP4) per value in device memory: what lets
-V4-Flash's experts fit at all. The checkpoint layout is the one model/quant.py reads (and
-dequantises at load today); these kernels are the GPU path that keeps it. Tests run them under
-TRITON_INTERPRET=1 against weights dequantised by the tests' own quantisers.
+V4-Flash's experts fit at all. The checkpoint layout is the one model/quant.py reads; a model
+loaded with its quantised weights kept (model.loader: the default on CUDA) runs its dense
+linears (model.linear.Linear) through `quant_matmul` and its routed experts through
+kernels.moe.moe_experts_mxfp4. Tests run them under TRITON_INTERPRET=1 against weights
+dequantised by the tests' own quantisers, and a whole kept model against its dequantised twin.
 """
 
 from __future__ import annotations
@@ -97,6 +99,8 @@ def _launch(x, w, scale, n, k, qb: int, fp4: bool) -> torch.Tensor:
         raise ValueError(f"x must be [M, {k}], got {tuple(x.shape)}")
     x = x.contiguous()
     out = torch.empty(x.shape[0], n, dtype=torch.float32, device=x.device)
+    if x.shape[0] == 0:  # no rows (an expert no token picked, an empty step): no launch
+        return out
     grid = (triton.cdiv(x.shape[0], BLOCK_M), triton.cdiv(n, BLOCK_N))
     _quant_linear_kernel[grid](
         x, w, scale, out, x.shape[0], n, k, x.stride(0), w.stride(0), scale.stride(0),
@@ -131,3 +135,18 @@ def mxfp4_linear(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor) -> torch
             f"got {tuple(scale.shape)}"
         )
     return _launch(x, w, scale, n, k, MXFP4_GROUP, fp4=True)
+
+
+def quant_matmul(
+    x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor, fmt: str, block: int
+) -> torch.Tensor:
+    """x [..., K] through a kept linear layer (model.linear.Linear): [..., N] in x's dtype (the
+    kernels accumulate and return fp32; the layer's output is what a plain layer's would be)."""
+    flat = x.reshape(-1, x.shape[-1])
+    if fmt == "fp8":
+        y = fp8_block_linear(flat, w, scale, block)
+    elif fmt == "mxfp4":
+        y = mxfp4_linear(flat, w, scale)
+    else:
+        raise ValueError(f"unknown quantised format {fmt!r}")
+    return y.to(x.dtype).reshape(*x.shape[:-1], y.shape[-1])

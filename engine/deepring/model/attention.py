@@ -14,7 +14,8 @@ from deepring.model.batch import ForwardBatch
 from deepring.model.compressor import Compressor
 from deepring.model.config import CSA, SLIDING, ModelConfig
 from deepring.model.fused import FusedLinears
-from deepring.model.norm import RMSNorm, linear
+from deepring.model.linear import grouped_linear, linear
+from deepring.model.norm import RMSNorm
 
 
 class Attention(nn.Module):
@@ -65,7 +66,5 @@ class Attention(nn.Module):
         out = window_attention(q, kv, cache, comp_idx, params, batch)
 
         out = apply_rope(out, cos, sin, True, inplace=True, cis=batch.rope_cis(kind, True, 3))
-        grouped = out.reshape(t, self.groups, -1)
-        w = self.o_a_proj.weight.view(self.groups, -1, grouped.shape[-1])
-        mixed = torch.bmm(grouped.transpose(0, 1), w.transpose(1, 2)).transpose(0, 1)
+        mixed = grouped_linear(out.reshape(t, self.groups, -1), self.o_a_proj)
         return self.o_b_proj(mixed.reshape(t, -1))

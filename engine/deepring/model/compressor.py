@@ -19,7 +19,8 @@ from deepring.kernels.indexer import indexer_topk
 from deepring.kernels.rope import apply_rope, norm_rope
 from deepring.model.batch import CompressPlan, ForwardBatch
 from deepring.model.config import ModelConfig
-from deepring.model.norm import RMSNorm, linear
+from deepring.model.linear import linear
+from deepring.model.norm import RMSNorm
 
 
 def compress_into(

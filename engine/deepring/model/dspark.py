@@ -41,8 +41,9 @@ from torch import nn
 from deepring.model.config import MOE, SLIDING, DSparkConfig, ModelConfig
 from deepring.model.hc import HyperConnection, HyperHead
 from deepring.model.layer import DecoderLayer
+from deepring.model.linear import linear
 from deepring.model.moe import MoE
-from deepring.model.norm import RMSNorm, linear
+from deepring.model.norm import RMSNorm
 from deepring.model.rope import RopeTables
 
 

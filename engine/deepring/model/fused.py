@@ -2,7 +2,9 @@
 
 After fusing, each layer's weight is a view into one concatenated matrix, so parameters keep
 their names (checkpoints and state_dict are unchanged) and no memory is duplicated. If a weight
-is later replaced (not updated in place), the next call notices and fuses again.
+is later replaced (not updated in place), the next call notices and fuses again. Layers kept
+quantised (model.linear.Linear: each its own FP8 block grid) are not fused: each runs its own
+quantised GEMM.
 """
 
 from __future__ import annotations
@@ -18,6 +20,9 @@ class FusedLinears:
         self.sizes = [lin.out_features for lin in linears]
         self.weight: torch.Tensor | None = None
         self._ptrs: list[int] = []
+        # Whether any layer keeps its weight quantised: settled at load (model.weights lays
+        # the layers out before any forward), so read once, off the per-call path.
+        self._kept: bool | None = None
 
     def _fuse(self) -> None:
         with torch.no_grad():
@@ -30,6 +35,10 @@ class FusedLinears:
         self._ptrs = [lin.weight.data_ptr() for lin in self.linears]
 
     def __call__(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        if self._kept is None:
+            self._kept = any(getattr(lin, "quant", None) is not None for lin in self.linears)
+        if self._kept:
+            return tuple(lin(x) for lin in self.linears)
         if self.weight is None or any(
             lin.weight.data_ptr() != p for lin, p in zip(self.linears, self._ptrs, strict=True)
         ):

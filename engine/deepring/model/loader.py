@@ -12,13 +12,15 @@ import torch
 from torch import nn
 
 from deepring.kernels.cpu_warmup import warm_up_cpu_kernels
+from deepring.kernels.dispatch import triton_runs_on
 from deepring.model.config import ModelConfig
 from deepring.model.dummy import init_dummy_weights
 from deepring.model.embedded import EMBEDDED, embedded_dir
 from deepring.model.model import DeepseekV4
-from deepring.model.weights import cast_for_inference, load_checkpoint
+from deepring.model.weights import cast_for_inference, keep_quantised, load_checkpoint
 
 LOAD_FORMATS = ("auto", "dummy")
+QUANTISED = ("auto", "keep", "dequantise")
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -38,6 +40,23 @@ def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torc
     if dtype not in _DTYPES:
         raise ValueError(f"dtype must be one of {sorted(_DTYPES)} or 'auto', got {dtype!r}")
     return _DTYPES[dtype]
+
+
+def keeps_quantised(quantised: str, device: torch.device) -> bool:
+    """Whether a checkpoint's quantised weights stay quantised in memory (model.linear, the
+    kernels.quant_gemm GEMMs) or dequantise at load. auto: kept where the Triton kernels run
+    (CUDA), where FP8 / FP4 is what lets the experts fit; dequantised on CPU, where plain GEMMs
+    are faster. keep: kept, which on a CPU device needs Triton's interpreter (tests only).
+    A rank of an expert-parallel group keeps its dense layers only (load_model)."""
+    if quantised not in QUANTISED:
+        raise ValueError(f"quantised must be one of {QUANTISED}, got {quantised!r}")
+    runs = triton_runs_on(device)
+    if quantised == "keep" and not runs:
+        raise ValueError(
+            f"quantised='keep' runs Triton kernels, which need a CUDA device (or "
+            f"TRITON_INTERPRET=1), not {device.type}: use quantised='dequantise'"
+        )
+    return quantised == "keep" or (quantised == "auto" and runs)
 
 
 def resolve_model_path(model: str | Path) -> Path:
@@ -61,14 +80,18 @@ def load_model(
     seed: int = 0,
     progress: bool = True,
     experts: Sequence[int] | None = None,
+    quantised: str = "auto",
 ) -> LoadedModel:
     """experts: a rank of an expert-parallel group (ep.group): the routed experts of its slots,
     in slot order, the same in every backbone MoE layer; only they are allocated and read
     (model.weights.load_checkpoint), so a rank holds 1/N of the experts from the start. The
-    model then runs only under ExpertParallel(..., sharded=True)."""
+    model then runs only under ExpertParallel(..., sharded=True).
+    quantised: auto | keep | dequantise, what happens to a checkpoint's FP8 / MXFP4 weights
+    (keeps_quantised)."""
     if load_format not in LOAD_FORMATS:
         raise ValueError(f"load_format must be one of {LOAD_FORMATS}, got {load_format!r}")
     device = torch.device(device)
+    keep = keeps_quantised(quantised, device) and load_format != "dummy"
     path = None
     if isinstance(model, ModelConfig) or getattr(model, "model_type", None) == "deepseek_v41":
         if load_format != "dummy":
@@ -78,13 +101,17 @@ def load_model(
         path = resolve_model_path(model)
         config = ModelConfig.from_pretrained(path)
     if getattr(config, "model_type", None) == "deepseek_v41":
-        return _load_v41(config, path, load_format, seed, dtype, device, progress)
+        return _load_v41(config, path, load_format, seed, dtype, device, progress, keep)
     if experts is not None and getattr(config, "model_type", None) != "deepseek_v4":
         raise ValueError("only DeepSeek V4 MoE models load a rank's experts")
     with torch.device("meta"):
         net = DeepseekV4(config)
     if experts is not None and load_format != "dummy":
         _expert_rows(net, list(experts))
+    if keep:
+        # A rank of an expert-parallel group cuts and moves expert rows (gate_up / down), not
+        # yet their scales: its routed experts dequantise, its dense layers stay kept.
+        keep_quantised(net, path, routed=experts is None)
     net.to_empty(device="cpu")
     if load_format == "dummy":
         init_dummy_weights(net, seed)
@@ -125,13 +152,15 @@ def _expert_rows(net: DeepseekV4, experts: list[int]) -> None:
             setattr(ex, name, nn.Parameter(cut, requires_grad=False))
 
 
-def _load_v41(config, path, load_format, seed, dtype, device, progress) -> LoadedModel:
+def _load_v41(config, path, load_format, seed, dtype, device, progress, keep) -> LoadedModel:
     """load_model for a DeepSeek V4.1 config (model.v41)."""
     from deepring.model.v41.model import DeepseekV41
     from deepring.model.v41.weights import cast_for_inference as cast41
     from deepring.model.v41.weights import init_dummy_v41, load_v41_checkpoint
 
     net = DeepseekV41(config, tokenizer=path / "tokenizer.json" if path is not None else None)
+    if keep:  # (the V4.1 model is built in memory: its kept layers' fp32 weights are freed)
+        keep_quantised(net, path, rename=lambda key: key.removeprefix("model."))
     if load_format == "dummy":
         init_dummy_v41(net, seed)
     elif not load_v41_checkpoint(net, path, progress=progress) and len(net.mtp):

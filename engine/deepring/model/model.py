@@ -21,8 +21,9 @@ from deepring.model.config import ModelConfig
 from deepring.model.dspark import DSparkDrafter
 from deepring.model.hc import HyperHead
 from deepring.model.layer import DecoderLayer
+from deepring.model.linear import linear
 from deepring.model.mtp import MTPLayer
-from deepring.model.norm import RMSNorm, linear
+from deepring.model.norm import RMSNorm
 from deepring.model.rope import RopeTables
 
 

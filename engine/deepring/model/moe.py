@@ -12,7 +12,8 @@ from torch import nn
 from deepring.kernels.moe import MoEPacked, MoEWeights, clamped_swiglu, moe_layer
 from deepring.model.config import HASH_MOE, ModelConfig
 from deepring.model.fused import FusedLinears
-from deepring.model.norm import linear
+from deepring.model.linear import linear
+from deepring.model.quant import MXFP4_GROUP
 
 
 class Router(nn.Module):
@@ -34,12 +35,33 @@ class Router(nn.Module):
 
 
 class Experts(nn.Module):
+    QUANT_FORMATS = ("mxfp4",)  # what keep_quantised can hold (kernels.moe.moe_experts_mxfp4)
+
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         e, d, i = config.n_routed_experts, config.hidden_size, config.moe_intermediate_size
         self.limit = config.swiglu_limit
         self.gate_up_proj = nn.Parameter(torch.zeros(e, 2 * i, d))
         self.down_proj = nn.Parameter(torch.zeros(e, d, i))
+        self.quant: tuple[str, int] | None = None  # ("mxfp4", 32) once kept quantised
+
+    def keep_quantised(self, fmt: str, block: int) -> None:
+        """Swap the experts for MXFP4 uint8 buffers (packed E2M1 pairs and UE8M0 scales, one
+        per 32 inputs), on the weights' device (meta before loading: nothing is allocated).
+        The checkpoint's per-expert w1 / w3 / w2 stack into them (model.weights)."""
+        if fmt != "mxfp4":
+            raise ValueError(f"routed experts keep only MXFP4 weights, not {fmt!r}")
+        for leaf, scale_leaf in (("gate_up_proj", "gate_up_scale"), ("down_proj", "down_scale")):
+            e, out, inp = getattr(self, leaf).shape
+            if inp % MXFP4_GROUP:
+                raise ValueError(f"MXFP4 experts need inputs % {MXFP4_GROUP} == 0, got {inp}")
+            dev = getattr(self, leaf).device
+            delattr(self, leaf)
+            packed = torch.empty(e, out, inp // 2, dtype=torch.uint8, device=dev)
+            self.register_buffer(leaf, packed)
+            scale = torch.empty(e, out, inp // MXFP4_GROUP, dtype=torch.uint8, device=dev)
+            self.register_buffer(scale_leaf, scale)
+        self.quant = ("mxfp4", MXFP4_GROUP)
 
 
 class SharedMLP(nn.Module):
@@ -85,6 +107,8 @@ class MoE(nn.Module):
             shared_gate=sh.gate_proj.weight,
             shared_up=sh.up_proj.weight,
             shared_down=sh.down_proj.weight,
+            gate_up_scale=ex.gate_up_scale if ex.quant is not None else None,
+            down_scale=ex.down_scale if ex.quant is not None else None,
         )
 
     def forward(self, x: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:

@@ -15,7 +15,8 @@ from deepring.model.batch import ForwardBatch
 from deepring.model.config import MOE, ModelConfig
 from deepring.model.hc import HyperHead
 from deepring.model.layer import DecoderLayer
-from deepring.model.norm import RMSNorm, linear
+from deepring.model.linear import linear
+from deepring.model.norm import RMSNorm
 
 
 class MTPLayer(DecoderLayer):

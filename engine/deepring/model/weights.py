@@ -5,7 +5,11 @@ writes the original tensor names under a `model.` prefix) and checkpoints in tra
 in-memory naming load as they are. The original DeepSeek layout (`layers.N.attn.wq_a.weight`,
 `embed.weight`, per-expert `experts.E.w1/w2/w3`) is renamed the way transformers' conversion
 mapping does. Quantised tensors (FP8 block-scaled dense weights, MXFP4 experts, with `.scale`
-companions: model.quant) are dequantised to fp32 as they load, then cast like the rest.
+companions: model.quant) are dequantised to fp32 as they load, then cast like the rest, except
+where the model keeps them quantised (model.loader's `quantised`, the default on CUDA):
+`keep_quantised` first reads the shards' headers and lays out the backbone's layers for the
+checkpoint's formats (model.linear.Linear, model.moe.Experts), and their bytes then load as
+they are.
 Shards are memory-mapped (safetensors' safe_open) and read one tensor at a time. Every
 parameter and persistent buffer must be present exactly once with the right shape; a missing or
 misshapen tensor is an error naming it. MTP tensors (`mtp.N.*`) are optional as a group:
@@ -74,7 +78,15 @@ _RENAMES = [
 # Byte-typed weights are packed FP4 (no parameter is stored as bytes); they wait for a scale.
 _BYTES = (torch.uint8, torch.int8)
 _ORIGINAL_LAYER = re.compile(r"^layers\.\d+\.")
-_EXPERT = re.compile(r"^(.*\.experts)\.(\d+)\.(w[123])\.weight$")
+_EXPERT = re.compile(r"^(.*\.experts)\.(\d+)\.(w[123])\.(weight|scale)$")
+# Where a kept expert's scales stack (next to gate_up_proj / down_proj: model.moe.Experts).
+_EXPERT_LEAVES = {"weight": ("gate_up_proj", "down_proj"), "scale": ("gate_up_scale", "down_scale")}
+# The backbone's layers: the only ones kept quantised. The draft layers (MTP, DSpark) read some
+# weights directly (model.dspark), and the embeddings, head and routers are small or have
+# their own kernels; all of them load dequantised.
+_BACKBONE = re.compile(r"^(?:model\.)?layers\.\d+\.")
+# Header dtypes of quantised weights (safetensors' names): FP8 e4m3, packed FP4 bytes.
+_HEADER_FORMATS = {"F8_E4M3": "fp8", "F4": "mxfp4", "U8": "mxfp4", "I8": "mxfp4"}
 # A backbone layer's routed expert under its checkpoint name (original layout, either naming;
 # its FP8 / MXFP4 scales too): what a rank of an expert-parallel group may leave unread.
 _BACKBONE_EXPERT = re.compile(r"^(?:model\.)?layers\.\d+\.(?:ffn|mlp)\.experts\.(\d+)\.")
@@ -162,26 +174,92 @@ def _fp8_block(path: Path) -> int:
 
 
 def checkpoint_tensors(
-    path: Path, progress: bool, skip: Callable[[str], bool] | None = None
+    path: Path,
+    progress: bool,
+    skip: Callable[[str], bool] | None = None,
+    keep: Callable[[str], bool] | None = None,
 ) -> Iterator[tuple[str, torch.Tensor]]:
     """(name, tensor) of every tensor in the checkpoint's shards but those `skip` names (never
     read), quantised weights dequantised to fp32 and their scales consumed (model.quant: a
     weight and its scale pair up whatever their order; an unpaired one is an error at the
-    end)."""
-    pairs = QuantPairs(_fp8_block(path))
+    end), except those `keep` names (weight keys): their weight and `.scale` come out as
+    uint8 bytes, checked."""
+    pairs = QuantPairs(_fp8_block(path), keep)
     for key, tensor in _iter_tensors(checkpoint_files(path), progress, skip):
         if is_scale(key, tensor):
-            done = pairs.add_scale(key, tensor)
-            if done is None:
-                continue
-            key, tensor = done
+            yield from pairs.add_scale(key, tensor)
         elif key.endswith(".weight") and (is_quantised(tensor) or tensor.dtype in _BYTES):
-            dequantised = pairs.add_weight(key, tensor)
-            if dequantised is None:
-                continue
-            tensor = dequantised
-        yield key, tensor
+            yield from pairs.add_weight(key, tensor)
+        else:
+            yield key, tensor
     pairs.finish()
+
+
+def quantised_weights(path: Path) -> dict[str, str]:
+    """Checkpoint key -> "fp8" | "mxfp4" of every weight the shards store quantised with a
+    UE8M0 `.scale`, from the safetensors headers alone (no tensor is read). V3-style fp32
+    `weight_scale_inv` pairs are left out: they always dequantise (model.quant.QuantPairs)."""
+    dtypes: dict[str, str] = {}
+    for f in checkpoint_files(path):
+        with safe_open(str(f), framework="pt") as fh:
+            for key in fh.keys():  # noqa: SIM118 (safe_open is not a mapping)
+                dtypes[key] = fh.get_slice(key).get_dtype()
+    out = {}
+    for key, dtype in dtypes.items():
+        base = key.removesuffix(".weight")
+        fmt = _HEADER_FORMATS.get(dtype)
+        if key.endswith(".weight") and fmt and dtypes.get(base + ".scale") in ("F8_E8M0", "U8"):
+            out[key] = fmt
+    return out
+
+
+def keep_quantised(
+    model: nn.Module,
+    path: Path,
+    rename: Callable[[str], str] = canonical_name,
+    routed: bool = True,
+) -> int:
+    """Lay out the backbone's layers whose weights the checkpoint at `path` stores quantised
+    (`rename`: checkpoint key -> the model's name) to hold them as they are: a Linear keeps FP8
+    or MXFP4, a V4 Experts module MXFP4 (model.linear, model.moe). Call it before the model's
+    memory is allocated (on the meta device). Layers whose module cannot keep the format, or
+    that read their weight directly (`quantisable` False), still load dequantised, and so do
+    the routed experts unless `routed`. Returns how many modules now hold quantised weights."""
+    block = _fp8_block(path)
+    kept = 0
+    for key, fmt in quantised_weights(path).items():
+        name = rename(key)
+        if not _BACKBONE.match(name) or (not routed and _EXPERT.match(name)):
+            continue
+        module = _module_of(model, name)
+        if module is None:  # an unknown name: load_checkpoint's error to report
+            continue
+        fits = fmt in getattr(module, "QUANT_FORMATS", ()) and getattr(module, "quantisable", True)
+        if fits and module.quant is None:
+            module.keep_quantised(fmt, block)
+            kept += 1
+    return kept
+
+
+def _module_of(model: nn.Module, name: str) -> nn.Module | None:
+    """The module holding weight `name`: its own (V4.1's per-expert Linears too), else the
+    V4 Experts module a per-expert checkpoint weight stacks into; None for neither."""
+    for path in (name.removesuffix(".weight"), *(m.group(1) for m in [_EXPERT.match(name)] if m)):
+        try:
+            return model.get_submodule(path)
+        except AttributeError:
+            continue
+    return None
+
+
+def kept_tensors(model: nn.Module) -> dict[str, torch.Tensor]:
+    """The uint8 buffers (weights and scales) of the modules keep_quantised laid out."""
+    return {
+        f"{mname}.{n}": b
+        for mname, m in model.named_modules()
+        if getattr(m, "quant", None) is not None
+        for n, b in m.named_buffers(recurse=False)
+    }
 
 
 def load_checkpoint(
@@ -210,14 +288,23 @@ def load_checkpoint(
 
     targets = dict(model.named_parameters())
     targets.update({n: b for n, b in model.named_buffers() if not n.endswith("inv_freq")})
+
+    def keep(key: str) -> bool:  # the target was laid out quantised (keep_quantised)
+        name = canonical_name(key)
+        m = _EXPERT.match(name)
+        if m:
+            name = f"{m.group(1)}.{'down_proj' if m.group(3) == 'w2' else 'gate_up_proj'}"
+        return name in targets and targets[name].dtype == torch.uint8
+
     seen: set[str] = set()
     stacked: dict[str, dict[int, dict[str, torch.Tensor]]] = {}
     unexpected: list[str] = []
-    for key, tensor in checkpoint_tensors(path, progress, skip):
+    for key, tensor in checkpoint_tensors(path, progress, skip, keep):
         name = canonical_name(key)
         m = _EXPERT.match(name)
         if m:  # per-expert original layout: stacked into gate_up_proj / down_proj below
-            stacked.setdefault(m.group(1), {}).setdefault(int(m.group(2)), {})[m.group(3)] = tensor
+            leaf = m.group(3) + ("" if m.group(4) == "weight" else ".scale")
+            stacked.setdefault(m.group(1), {}).setdefault(int(m.group(2)), {})[leaf] = tensor
             continue
         if name not in targets:
             unexpected.append(key)
@@ -229,19 +316,28 @@ def load_checkpoint(
         ids = list(range(len(per_expert)))
         if experts is not None and prefix.startswith("model.layers."):
             ids = list(experts)
-        missing = [e for e in ids if set(per_expert.get(e, {})) != {"w1", "w2", "w3"}]
+        missing = [e for e in ids if not {"w1", "w2", "w3"} <= set(per_expert.get(e, {}))]
         if missing:
             raise ValueError(f"{prefix}: experts {missing[:8]} lack some of w1/w2/w3")
-        gate_up = torch.stack(
-            [torch.cat([per_expert[e]["w1"], per_expert[e]["w3"]], 0) for e in ids]
-        )
-        down = torch.stack([per_expert[e]["w2"] for e in ids])
-        for leaf, t in (("gate_up_proj", gate_up), ("down_proj", down)):
-            name = f"{prefix}.{leaf}"
-            if name not in targets:
-                unexpected.append(name)
-                continue
-            _assign(targets[name], t, name, seen)
+        # Kept experts come with their scales (".scale" entries), stacked the same way.
+        for part, (up_leaf, down_leaf) in _EXPERT_LEAVES.items():
+            sfx = "" if part == "weight" else ".scale"
+            if sfx:
+                scaled = [{"w1.scale", "w2.scale", "w3.scale"} <= set(per_expert[e]) for e in ids]
+                if not any(scaled):
+                    continue
+                if not all(scaled):
+                    raise ValueError(f"{prefix}: some experts are kept quantised, some are not")
+            gate_up = torch.stack(
+                [torch.cat([per_expert[e]["w1" + sfx], per_expert[e]["w3" + sfx]], 0) for e in ids]
+            )
+            down = torch.stack([per_expert[e]["w2" + sfx] for e in ids])
+            for leaf, t in ((up_leaf, gate_up), (down_leaf, down)):
+                name = f"{prefix}.{leaf}"
+                if name not in targets:
+                    unexpected.append(name)
+                    continue
+                _assign(targets[name], t, name, seen)
     mtp_names = {n for n in targets if n.startswith("mtp.")}
     has_mtp = bool(seen & mtp_names)
     missing = sorted(set(targets) - seen - (set() if has_mtp else mtp_names))
@@ -272,6 +368,11 @@ def save_checkpoint(
     model: nn.Module, path: str | Path, config_dict: dict, dtype: torch.dtype | None = None
 ) -> None:
     """Write config.json + model.safetensors (tensors in `dtype`, fp32-kept ones in fp32)."""
+    if kept_tensors(model):
+        # Kept FP8 bytes would be written as plain uint8, which reads back as packed FP4.
+        raise ValueError(
+            "a model holding quantised weights cannot be saved: load it with quantised='dequantise'"
+        )
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     tensors = {}

@@ -231,8 +231,9 @@ def run_spare(config: WorkerConfig, conn, name: str) -> int:
         if not isinstance(role, WorkerConfig):
             return 0
         spec, mine = role.engine, config.engine
-        same = (spec.model, spec.dtype, spec.device, spec.load_format, spec.seed) == (
-            mine.model, mine.dtype, mine.device, mine.load_format, mine.seed,
+        same = (spec.model, spec.dtype, spec.device, spec.load_format, spec.quantised,
+                spec.seed) == (
+            mine.model, mine.dtype, mine.device, mine.load_format, mine.quantised, mine.seed,
         )  # fmt: skip
         return run_worker(role, loaded if same else None)
 

@@ -23,7 +23,8 @@ from torch import nn
 from deepring.cache.pool import LayerCache
 from deepring.kernels.rope import apply_rope_torch
 from deepring.model.batch import ForwardBatch
-from deepring.model.norm import RMSNorm, linear
+from deepring.model.linear import grouped_linear, linear
+from deepring.model.norm import RMSNorm
 from deepring.model.v41.config import FULL, REINDEX, WINDOW, V41Config
 from deepring.model.v41.kvquant import KVCodec
 
@@ -194,9 +195,7 @@ class V41Attention(nn.Module):
             topk = share.topk[c.index_source(self.layer)]
         out = self._attend(q, kv, topk, batch, cache, share)
         out = apply_rope_torch(out, cos, sin, inverse=True)
-        grouped = out.reshape(out.shape[0], self.groups, -1)
-        w = self.wo_a.weight.view(self.groups, -1, grouped.shape[-1])
-        mixed = torch.bmm(grouped.transpose(0, 1), w.transpose(1, 2)).transpose(0, 1)
+        mixed = grouped_linear(out.reshape(out.shape[0], self.groups, -1), self.wo_a)
         return self.wo_b(mixed.reshape(out.shape[0], -1))
 
     # ---- the KV source's compressor --------------------------------------------------------

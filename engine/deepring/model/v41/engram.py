@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from deepring.model.norm import linear
+from deepring.model.linear import linear
 from deepring.model.v41.config import EngramConfig, V41Config, engram_table_sizes
 
 HASH_SEED = 0
@@ -61,6 +61,7 @@ class Engram(nn.Module):
         self.k_weight = nn.Parameter(torch.zeros(self.hc, self.dim))
         self.embed = nn.Embedding(int(sum(flat)), e.head_dim)
         self.wkv = linear(e.n_tables * e.head_dim, (self.hc + 1) * self.dim)
+        self.wkv.quantisable = False  # its weight's dtype is the gathered rows' (forward)
 
     def _apply(self, fn, recurse=True):
         """Everything but the table follows .to()/.cuda(); the table stays in host memory (its

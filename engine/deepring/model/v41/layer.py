@@ -19,7 +19,8 @@ from torch import nn
 
 from deepring.kernels.hyper import collapse, hc_merge, hc_pre, rms_mix
 from deepring.kernels.moe import clamped_swiglu
-from deepring.model.norm import RMSNorm, linear
+from deepring.model.linear import linear
+from deepring.model.norm import RMSNorm
 from deepring.model.v41.attention import StepShare, V41Attention
 from deepring.model.v41.config import V41Config
 from deepring.model.v41.engram import Engram

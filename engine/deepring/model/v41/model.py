@@ -23,8 +23,9 @@ from deepring.cache.pool import KVCachePool
 from deepring.kernels.greedy_head import GreedyArgmax
 from deepring.kernels.hyper import collapse
 from deepring.model.batch import ForwardBatch
+from deepring.model.linear import linear
 from deepring.model.model import StepOutput
-from deepring.model.norm import RMSNorm, linear
+from deepring.model.norm import RMSNorm
 from deepring.model.rope import RopeTables
 from deepring.model.v41.attention import StepShare, V41Attention
 from deepring.model.v41.config import V41Config

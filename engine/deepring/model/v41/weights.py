@@ -7,7 +7,9 @@ The module tree mirrors the checkpoint (`layers.N.attn.compressor.wkv.weight`,
 implies must be present once with its shape, and every tensor present must be one the config
 implies; the error names the tensor. FP8 dense weights (UE8M0 block scales, 32x32 in V4.1
 Flash: quantization_config.weight_block_size) and MXFP4 experts are dequantised to fp32 as they
-load (model.weights.checkpoint_tensors, model.quant). DSpark tensors (`mtp.*`) are optional as
+load (model.weights.checkpoint_tensors, model.quant), or kept as they are in the backbone's
+layers laid out for them (model.weights.keep_quantised: each expert is its own Linear, so
+every kept layer runs model.linear's quantised GEMM). DSpark tensors (`mtp.*`) are optional as
 a group.
 """
 
@@ -19,7 +21,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from deepring.model.weights import _assign, checkpoint_tensors, save_checkpoint
+from deepring.model.weights import _assign, checkpoint_tensors, kept_tensors, save_checkpoint
 
 # Tensors kept in fp32 whatever the compute dtype (HC mixes, sinks, routing biases, norms).
 _FP32_LEAVES = ("attn_sink", "bias", "bias_vl")
@@ -43,9 +45,15 @@ def load_v41_checkpoint(model: nn.Module, path: str | Path, progress: bool = Tru
     """Fill `model` from the safetensors at `path`; returns whether DSpark tensors were there."""
     path = Path(path)
     targets = dict(model.named_parameters())
+    targets.update(kept_tensors(model))
+
+    def keep(key: str) -> bool:  # the target was laid out quantised (keep_quantised)
+        name = key.removeprefix("model.")
+        return name in targets and targets[name].dtype == torch.uint8
+
     seen: set[str] = set()
     unexpected: list[str] = []
-    for key, tensor in checkpoint_tensors(path, progress):
+    for key, tensor in checkpoint_tensors(path, progress, keep=keep):
         name = key.removeprefix("model.")
         if name not in targets:
             unexpected.append(key)
