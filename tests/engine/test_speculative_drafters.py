@@ -4,6 +4,8 @@ and the drafts the engine proposes are the plain forward's greedy drafts."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 from deepring import LLM, SamplingParams
@@ -108,3 +110,74 @@ def test_the_engine_refits_on_its_own_outcomes(deepring_cache_dir, monkeypatch):
     assert cal.fits >= 1
     assert not torch.equal(cal.temps, before)
     assert bool((cal.temps > 0).all())
+
+
+def test_the_draft_vocabulary_file_is_checked(tmp_path):
+    from deepring.model.dspark import DRAFT_VOCAB_FILE, read_draft_vocab
+
+    assert read_draft_vocab(tmp_path, 100) is None  # no file: the whole vocabulary
+    assert read_draft_vocab(None, 100) is None
+    f = tmp_path / DRAFT_VOCAB_FILE
+    f.write_text("[5, 0, 99]")
+    assert read_draft_vocab(tmp_path, 100).tolist() == [5, 0, 99]
+    for text, message in [
+        ("[5, 0", "not a JSON list"),
+        ("{}", "non-empty JSON list"),
+        ("[]", "non-empty JSON list"),
+        ("[1, 100]", r"token id in \[0, 100\)"),
+        ("[1, -1]", r"token id in \[0, 100\)"),
+        ("[1, 2.0]", r"token id in \[0, 100\)"),
+        ("[true]", r"token id in \[0, 100\)"),
+        ("[3, 4, 3]", "distinct"),
+    ]:
+        f.write_text(text)
+        with pytest.raises(ValueError, match=message) as err:
+            read_draft_vocab(tmp_path, 100)
+        assert DRAFT_VOCAB_FILE in str(err.value)
+
+
+def test_tiny_trained_drafts_from_its_corpus_vocabulary(deepring_cache_dir):
+    """The assembled tiny-trained checkpoint names the corpus's tokens as its drafter's
+    vocabulary: exactly the rows of its LM head that are not zero."""
+    llm = LLM("tiny-trained", max_model_len=512, speculative="fixed:5")
+    vocab = llm.model.draft_vocab
+    nonzero = llm.model.lm_head.weight.abs().sum(1).nonzero().flatten()
+    assert vocab is not None
+    assert sorted(vocab.tolist()) == nonzero.tolist()
+    assert llm.engine.spec.drafter._vocab is not None
+
+
+def test_a_small_draft_vocabulary_limits_the_drafts_not_the_output(
+    deepring_cache_dir, tmp_path, monkeypatch
+):
+    """A checkpoint whose draft_vocab.json lists only the 200 most frequent tokens: every
+    draft is one of them, and greedy output is still exactly non-speculative decoding's."""
+    from deepring.model.dspark import DRAFT_VOCAB_FILE
+    from deepring.model.loader import resolve_model_path
+
+    src = resolve_model_path("tiny-trained")
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    for f in src.iterdir():
+        if f.name != DRAFT_VOCAB_FILE:
+            (ckpt / f.name).symlink_to(f)
+    full = json.loads((src / DRAFT_VOCAB_FILE).read_text())
+    (ckpt / DRAFT_VOCAB_FILE).write_text(json.dumps(full[:200]))
+    allowed = set(full[:200])
+    seen: list[list[int]] = []
+    propose = DSparkContext.propose
+
+    def spy(self, reqs):
+        out = propose(self, reqs)
+        seen.extend(out.drafts)
+        return out
+
+    monkeypatch.setattr(DSparkContext, "propose", spy)
+    prompts = ["import os\n\n\ndef main(argv):\n", "class A:\n    def f(self):\n"]
+    params = SamplingParams(temperature=0, max_tokens=40)
+    spec = LLM(str(ckpt), max_model_len=512, max_num_seqs=4, speculative="fixed:5")
+    got = [o.token_ids for o in spec.generate(prompts, params)]
+    want = [o.token_ids for o in LLM(str(ckpt), max_model_len=512).generate(prompts, params)]
+    assert got == want
+    assert sum(len(d) for d in seen) >= 40
+    assert {t for d in seen for t in d} <= allowed

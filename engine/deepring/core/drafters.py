@@ -111,14 +111,21 @@ class DSparkContext:
         # without the vocabulary-wide logits, which cost more than the rest of the drafter.
         self._head = GreedyArgmax()
         markov = self.drafter.last.markov_head
-        self._w = torch.cat([model.lm_head.weight, markov.head.weight.to(model.dtype)], 1)
+        # The candidates (model.dspark.read_draft_vocab): the rows of the head and of W2 the
+        # drafter scores; argmaxes are positions in it, mapped back to token ids.
+        self._vocab = model.draft_vocab
+        head, w2 = model.lm_head.weight, markov.head.weight
+        if self._vocab is not None:
+            self._vocab = self._vocab.to(head.device)
+            head, w2 = head[self._vocab], w2[self._vocab]
+        self._w = torch.cat([head, w2.to(model.dtype)], 1)
         self._head.prepare(self._w)
         # One request: the block's base logits U_k in one bf16 GEMM (one read of the head,
         # not one per position), then each position's Markov term (rank-r, cheap) and argmax.
         # A draft is only a proposal, so bf16 logits are as good as exact ones here.
-        self._u = packed_linear(model.lm_head.weight.to(torch.bfloat16))
+        self._u = packed_linear(head.to(torch.bfloat16))
         # W2 transposed, for one addmm per position onto the block's logits.
-        self._w2t = markov.head.weight.float().t().contiguous()
+        self._w2t = w2.float().t().contiguous()
         self.length = fixed if fixed is not None else ds.block_size
         # Only dspark lets the prefix scheduler cut the drafts by their survival; fixed:N
         # reports it too (calibration is measured on it), and verifies all N.
@@ -176,6 +183,8 @@ class DSparkContext:
                 prev = torch.addmm(base[:, k], e.float(), self._w2t).argmax(-1)
             else:
                 prev = self._head(torch.cat([h[:, k], e.to(h.dtype)], -1), self._w)
+            if self._vocab is not None:
+                prev = self._vocab[prev]
             toks.append(prev)
         conf = self.drafter.confidence_logits(h[:, : self.length], torch.stack(prevs, -1))
         drafts = torch.stack(toks, -1).tolist()

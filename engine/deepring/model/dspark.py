@@ -33,6 +33,8 @@ straightforward torch (no kernels, no in-place ops on autograd tensors), one den
 from __future__ import annotations
 
 import dataclasses
+import json
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -404,3 +406,32 @@ def _stage(stage: DSparkStage, h, ctx_kv, cs, mask) -> torch.Tensor:
     post, comb, x = _hc_pre(stage.ffn_hc, h)
     m = _moe(stage.mlp, _rms(x, stage.post_attention_layernorm))
     return _hc_merge(h, m, post, comb)
+
+
+DRAFT_VOCAB_FILE = "draft_vocab.json"
+
+
+def read_draft_vocab(path: Path | None, vocab_size: int) -> torch.Tensor | None:
+    """The drafter's candidate tokens from the checkpoint directory's draft_vocab.json (a JSON
+    list of distinct token ids, most frequent first), or None when there is none (drafts range
+    over the whole vocabulary).
+
+    Why: a draft is only a proposal (verification decides), so the drafter may propose from
+    the tokens the model actually produces instead of scoring the whole vocabulary twice per
+    position (its LM-head GEMM and the Markov head's rank-r term are most of a propose step on
+    CPU). This is FR-Spec's frequency-ranked draft vocabulary (Zhao et al., 2025); a token
+    outside the list can still be emitted, by the target, as the bonus token of a step."""
+    if path is None or not (path / DRAFT_VOCAB_FILE).is_file():
+        return None
+    where = path / DRAFT_VOCAB_FILE
+    try:
+        ids = json.loads(where.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ValueError(f"{where}: not a JSON list of token ids ({e})") from e
+    if not isinstance(ids, list) or not ids:
+        raise ValueError(f"{where}: expected a non-empty JSON list of token ids")
+    if not all(type(i) is int and 0 <= i < vocab_size for i in ids):
+        raise ValueError(f"{where}: every entry must be a token id in [0, {vocab_size})")
+    if len(set(ids)) != len(ids):
+        raise ValueError(f"{where}: token ids must be distinct")
+    return torch.tensor(ids, dtype=torch.long)

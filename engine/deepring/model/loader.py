@@ -14,6 +14,7 @@ from torch import nn
 from deepring.kernels.cpu_warmup import warm_up_cpu_kernels
 from deepring.kernels.dispatch import triton_runs_on
 from deepring.model.config import ModelConfig
+from deepring.model.dspark import read_draft_vocab
 from deepring.model.dummy import init_dummy_weights
 from deepring.model.embedded import EMBEDDED, embedded_dir
 from deepring.model.model import DeepseekV4
@@ -133,6 +134,8 @@ def load_model(
     net.eval()
     net.requires_grad_(False)
     net.prepare_greedy_head()
+    if config.dspark is not None:
+        net.draft_vocab = read_draft_vocab(path, config.vocab_size)
     if device.type == "cpu" and net.dtype == torch.float32:
         warm_up_cpu_kernels()
     return LoadedModel(model=net, config=config, path=path)

@@ -72,6 +72,9 @@ class DeepseekV4(nn.Module):
         )
         self._rope: RopeTables | None = None
         self._greedy = GreedyArgmax()
+        # The DSpark drafter's candidate tokens, most frequent first (model.dspark
+        # read_draft_vocab: the checkpoint's draft_vocab.json); None: the whole vocabulary.
+        self.draft_vocab: torch.Tensor | None = None
 
     def rope_tables(self) -> RopeTables:
         dev = self.lm_head.weight.device

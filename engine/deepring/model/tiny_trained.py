@@ -24,13 +24,14 @@ import torch
 
 from deepring import env
 from deepring.model.config import HASH_MOE, ModelConfig
+from deepring.model.dspark import DRAFT_VOCAB_FILE
 from deepring.model.tiny import TINY_CONFIG, cached_checkpoint
 from deepring.protocol.tokenizer import write_v41_tokenizer
 
 NAME = "tiny-trained"
 WEIGHTS = Path(__file__).parent / "data" / "tiny_trained.safetensors"
 # Bump when the assembly below changes, so stale caches are not reused.
-ASSEMBLY_FORMAT = 1
+ASSEMBLY_FORMAT = 2  # 2: draft_vocab.json
 SHIPPED_FORMAT = "deepring-tiny-trained/1"
 # The shipped list of the tokens whose LM head rows are not zero, most frequent first.
 HEAD_VOCAB = "lm_head.vocab"
@@ -186,4 +187,8 @@ def _assemble(path: Path, weights: Path) -> None:
         tensors[name] = t if not t.is_floating_point() else t.bfloat16()
     save_file({k: v.contiguous() for k, v in tensors.items()}, str(path / "model.safetensors"))
     (path / "config.json").write_text(json.dumps(config_dict, indent=2), encoding="utf-8")
+    # The drafter proposes from the tokens the corpus uses (most frequent first): every other
+    # head row is zero, so the target scores those tokens 0 whatever the context, and drafting
+    # them was vocabulary-wide work for drafts that are never its argmax.
+    (path / DRAFT_VOCAB_FILE).write_text(json.dumps(head_vocab.tolist()), encoding="utf-8")
     write_v41_tokenizer(path / "tokenizer.json")
