@@ -88,6 +88,8 @@ def _generate(args: argparse.Namespace) -> int:
 
 
 def _add_generate(sub: argparse._SubParsersAction) -> None:
+    from deepring.cli_serve_args import add_quantised_arg
+
     p = sub.add_parser("generate", help="offline generation from the command line")
     p.add_argument(
         "--model",
@@ -120,13 +122,7 @@ def _add_generate(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--device", default=None, help="cpu | cuda (default: cuda when available)")
     p.add_argument("--dtype", default=None, help="float32 | bfloat16 | float16 (default: auto)")
     p.add_argument("--load-format", default="auto", choices=["auto", "dummy"])
-    p.add_argument(
-        "--quantised",
-        default="auto",
-        choices=["auto", "keep", "dequantise"],
-        help="a checkpoint's FP8 / MXFP4 weights: kept quantised in memory (the Triton GEMMs) "
-        "or dequantised at load (default auto: kept on CUDA, dequantised on CPU)",
-    )
+    add_quantised_arg(p)
     p.add_argument("--json", action="store_true", help="one JSON object per prompt")
     p.add_argument(
         "--speculative",

@@ -9,6 +9,17 @@ from deepring import cli_sched, cli_security
 from deepring.config import EngineSpec, FrontendConfig
 
 
+def add_quantised_arg(p: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
+    """--quantised, for every command that loads a model (generate and the serving ones)."""
+    p.add_argument(
+        "--quantised",
+        default="auto",
+        choices=["auto", "keep", "dequantise"],
+        help="a checkpoint's FP8 / MXFP4 weights: kept quantised in memory (the Triton GEMMs) "
+        "or dequantised at load (default auto: kept on CUDA, dequantised on CPU)",
+    )
+
+
 def add_engine_args(p: argparse.ArgumentParser, max_num_seqs: int = 64) -> None:
     g = p.add_argument_group("model and caches")
     g.add_argument(
@@ -52,13 +63,7 @@ def add_engine_args(p: argparse.ArgumentParser, max_num_seqs: int = 64) -> None:
         "Perfetto, chrome://tracing)",
     )
     g.add_argument("--load-format", default="auto", choices=["auto", "dummy"])
-    g.add_argument(
-        "--quantised",
-        default="auto",
-        choices=["auto", "keep", "dequantise"],
-        help="a checkpoint's FP8 / MXFP4 weights: kept quantised in memory (the Triton GEMMs) "
-        "or dequantised at load (default auto: kept on CUDA, dequantised on CPU)",
-    )
+    add_quantised_arg(g)
     g.add_argument("--max-model-len", type=int, default=4096)
     g.add_argument(
         "--max-num-seqs", type=int, default=max_num_seqs, help="batch slots of a (decode) worker"

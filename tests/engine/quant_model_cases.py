@@ -16,19 +16,11 @@ below any real decoding error (an FP8 or FP4 value misread moves logits by ~1e-2
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
+from triton_interp import interpreter_or_skip
 
-INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
-if not INTERPRET and not torch.cuda.is_available():
-    pytest.skip("needs TRITON_INTERPRET=1 or a CUDA device", allow_module_level=True)
-
-if INTERPRET:
-    from triton_interp import patch_interpreter
-
-    patch_interpreter()
+INTERPRET = interpreter_or_skip()
 
 from deepring.model.linear import grouped_linear, linear  # noqa: E402
 from deepring.model.loader import load_model  # noqa: E402

@@ -6,30 +6,16 @@ process has imported it already.
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from triton_interp import run_cases
 
 CASES = Path(__file__).with_name("triton_cases.py")
 
 
 def _run(extra_env: dict[str, str]) -> None:
-    pytest.importorskip("triton")
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env.update(extra_env)
-    r = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(CASES)],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=280,
-        cwd=CASES.parents[2],
-    )
-    assert r.returncode == 0, r.stdout[-6000:] + r.stderr[-3000:]
-    assert " passed" in r.stdout
+    run_cases(CASES, extra_env)
 
 
 @pytest.mark.slow

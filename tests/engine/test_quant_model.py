@@ -8,10 +8,7 @@ in Triton's interpreter on CPU; it must be set before triton is first imported).
 
 from __future__ import annotations
 
-import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -22,6 +19,7 @@ from deepring.model.loader import keeps_quantised, load_model
 from deepring.model.weights import save_checkpoint
 from quant_helpers import write_quantised_v4, write_quantised_v41
 from safetensors.torch import save_file
+from triton_interp import run_cases
 from v4_helpers import model_config, ours
 from v41_helpers import tiny_dict, tiny_model
 
@@ -178,19 +176,7 @@ def test_a_malformed_scale_is_a_clear_error_when_kept(checkpoint, tmp_path, case
 
 
 def _run_cases(extra_env: dict[str, str]) -> None:
-    pytest.importorskip("triton")
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env.update(extra_env)
-    r = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(CASES)],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=280,
-        cwd=CASES.parents[2],
-    )
-    assert r.returncode == 0, r.stdout[-6000:] + r.stderr[-3000:]
-    assert " passed" in r.stdout
+    run_cases(CASES, extra_env)
 
 
 @pytest.mark.slow  # ~50 s: two tiny models' forwards, every quantised GEMM interpreted

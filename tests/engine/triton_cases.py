@@ -8,19 +8,11 @@ fp32 (the interpreter computes bf16 wrongly).
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
+from triton_interp import interpreter_or_skip
 
-INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
-if not INTERPRET and not torch.cuda.is_available():
-    pytest.skip("needs TRITON_INTERPRET=1 or a CUDA device", allow_module_level=True)
-
-if INTERPRET:
-    from triton_interp import patch_interpreter
-
-    patch_interpreter()
+INTERPRET = interpreter_or_skip()
 
 from deepring.kernels import (  # noqa: E402
     attention_decode,
