@@ -88,10 +88,10 @@ def model_bytes(
     if kept is not None:
         keep_quantised(net, kept, routed=routed)
 
-    def routed(name: str, _p) -> bool:
+    def is_routed(name: str, _p) -> bool:
         return _V4_ROUTED.match(name) is not None
 
-    return _count(net, dtype, keep_fp32, routed, config)
+    return _count(net, dtype, keep_fp32, is_routed, config)
 
 
 def _v41_bytes(config, dtype: torch.dtype, kept: Path | None) -> ModelBytes:
