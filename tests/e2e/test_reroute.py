@@ -142,13 +142,17 @@ def _wait_all_up(server: Server, timeout: float = 120.0) -> None:
 
 @pytest.mark.parametrize("role", ["decode", "prefill"])
 def test_a_killed_worker_is_invisible_to_its_streams(pool, role):
+    _wait_all_up(pool)  # (whatever an earlier test left restarting)
     early = role == "prefill"
-    # Long prompts when the kill must land in prefill: many 64-token steps each.
+    # Long prompts when the kill must land in prefill: many 64-token steps each. Long outputs
+    # when it must land in decode: the kill follows a stream's third token and the load
+    # reports, and 24 tokens could all be out by then.
     prompts = _prompts(4, seed=2, words=(250, 400)) if early else _prompts(4, seed=1)
+    new = 24 if early else 96
     # The fault-free run goes second when the kill must land in prefill: run first, it would
     # leave the prompts in the prefix cache, and the faulty run's prefill would be over before
     # the kill.
-    want = None if early else _run_all(pool.url, prompts, 24)
+    want = None if early else _run_all(pool.url, prompts, new)
     rerouted = pool.metric("deepring_requests_rerouted_total")
 
     seen = []
@@ -160,10 +164,10 @@ def test_a_killed_worker_is_invisible_to_its_streams(pool, role):
         os.kill(_busiest(pool, role), signal.SIGKILL)
         seen.append(_wait_status(pool, "degraded"))
 
-    got = _run_all(pool.url, prompts, 24, fault=kill, early=early)
+    got = _run_all(pool.url, prompts, new, fault=kill, early=early)
     if want is None:
         _wait_all_up(pool)
-        want = _run_all(pool.url, prompts, 24)
+        want = _run_all(pool.url, prompts, new)
     assert got == want
     assert pool.metric("deepring_requests_rerouted_total") > rerouted
     # While the worker restarted the server said it was degraded, and kept serving (200).
@@ -180,13 +184,15 @@ def test_a_killed_worker_keeps_seeded_sampling_penalties_and_logprobs(pool):
     (recomputed there, so equal to float32 rounding)."""
     sampling = {"temperature": 0.9, "seed": 7, "frequency_penalty": 1.0,
                 "presence_penalty": -0.5, "logprobs": True, "top_logprobs": 2}  # fmt: skip
+    _wait_all_up(pool)
     prompts = _prompts(4, seed=6)
-    want = _run_all(pool.url, prompts, 24, sampling=sampling)
+    # 64 tokens: the kill follows a stream's third token, and 24 could all be out by then.
+    want = _run_all(pool.url, prompts, 64, sampling=sampling)
     rerouted = pool.metric("deepring_requests_rerouted_total")
     got = _run_all(
         pool.url,
         prompts,
-        24,
+        64,
         fault=lambda: os.kill(_busiest(pool, "decode"), signal.SIGKILL),
         sampling=sampling,
     )
@@ -203,6 +209,7 @@ def test_a_killed_worker_keeps_seeded_sampling_penalties_and_logprobs(pool):
 
 
 def test_a_frozen_worker_is_declared_dead_and_its_streams_go_on(pool):
+    _wait_all_up(pool)
     prompts = _prompts(3, seed=3)
     want = _run_all(pool.url, prompts, 24)
 

@@ -416,21 +416,41 @@ def test_the_constraint_travels_in_submit_and_handoff():
 
 
 def test_the_compiler_is_built_ahead_for_workers(deepring_cache_dir):
-    """prepare_grammars (called by every worker at start) builds the compiler on a helper
-    thread; the first constrained request then uses it instead of building its own."""
+    """prepare_grammars (called by every worker before it says ready) builds the compiler
+    before it returns (on a helper thread, its GIL-holding tokenizer build starved the worker's
+    heartbeats); the first constrained request then uses it instead of building its own."""
     llm = LLM("tiny", max_num_seqs=2, max_model_len=256)
     eng = llm.engine
+    assert eng._grammars is None  # offline: built on the first constrained request
     eng.prepare_grammars()
-    ahead = eng._grammars_ahead
-    assert ahead is not None
-    compiler = ahead.result(timeout=120)
+    compiler = eng._grammars
+    assert compiler is not None
     eng.prepare_grammars()  # idempotent
-    assert eng._grammars_ahead is ahead
+    assert eng._grammars is compiler
     c = build.regex("[0-9]{3}", reasoning=False, markers=Markers(THINK_END, DSML))
     (out,) = llm.generate(["Digits:"], SamplingParams(temperature=0, max_tokens=8), constraints=c)
     assert eng._grammars is compiler
     assert compiler.compiles == 1
     assert re.fullmatch("[0-9]{3}", llm.tokenizer.decode(out.token_ids[:-1]))
+
+
+def test_a_compiler_that_cannot_be_built_fails_constrained_requests_only(
+    deepring_cache_dir, tmp_path
+):
+    """A tokenizer file llguidance refuses: the worker still starts (prepare_grammars logs
+    it), plain requests are served, and a constrained one fails with llguidance's reason."""
+    llm = LLM("tiny", max_num_seqs=2, max_model_len=256)
+    eng = llm.engine
+    broken = tmp_path / "tokenizer.json"
+    broken.write_text("{}")
+    eng.tokenizer_path = broken  # (the file constraints compile against, nothing else)
+    eng.prepare_grammars()
+    assert eng._grammars is None
+    (plain,) = llm.generate(["Digits:"], SamplingParams(temperature=0, max_tokens=4))
+    assert len(plain.token_ids) == 4
+    c = build.regex("[0-9]{3}", reasoning=False, markers=Markers(THINK_END, DSML))
+    with pytest.raises(ValueError, match="error loading tokenizer"):
+        llm.generate(["Digits:"], SamplingParams(temperature=0, max_tokens=8), constraints=c)
 
 
 def test_the_greedy_heads_masked_settle_equals_masked_fp32_logits(llm, monkeypatch):

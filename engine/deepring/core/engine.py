@@ -13,10 +13,8 @@ Request ids are integers, chosen by the caller.
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -93,11 +91,10 @@ class EngineCore:
         self.on_compute: Callable[[], None] | None = None
         self.prefix: PrefixCache | None = None
         # Structured output: the tokenizer.json constrained requests compile against (set by
-        # build_engine), and the compiler, made on the first constrained request or ahead of it
+        # build_engine), and the compiler, made on the first constrained request or before
         # (prepare_grammars).
         self.tokenizer_path: Path | None = None
         self._grammars = None
-        self._grammars_ahead: Future | None = None
         # Every step is timed and fitted (cost.model): the pacer predicts with it, and the load
         # report carries it to the routers.
         self.clock = clock
@@ -303,8 +300,7 @@ class EngineCore:
         if self._grammars is None:
             if self.tokenizer_path is None:
                 raise ValueError("this engine has no tokenizer to enforce output constraints with")
-            ahead, self._grammars_ahead = self._grammars_ahead, None
-            self._grammars = ahead.result() if ahead is not None else self._new_compiler()
+            self._grammars = self._new_compiler()
         return self._grammars.state(constraint, output_ids)
 
     def _new_compiler(self):
@@ -313,21 +309,18 @@ class EngineCore:
         return GrammarCompiler(self.tokenizer_path, self.vocab_size, sorted(self.eos_token_ids))
 
     def prepare_grammars(self) -> None:
-        """Start building the grammar compiler on a helper thread (the tokenizer's token trie
-        takes ~1 s for a 129k vocabulary), so that the first constrained request does not
-        wait for it. Workers call this at start; offline engines build it when first needed."""
-        if self.tokenizer_path is None or self._grammars is not None or self._grammars_ahead:
+        """Build the grammar compiler now, so that the first constrained request does not wait
+        for it: workers call this before they say they are ready. llguidance's tokenizer build
+        (~1.8 s for a 129k vocabulary) holds the GIL; on a helper thread after `ready` it held
+        up the worker's loop and its heartbeats for as long (~6 s on a loaded 2-core machine,
+        long enough for the frontend to declare every worker dead). Offline engines build it
+        on their first constrained request."""
+        if self.tokenizer_path is None or self._grammars is not None:
             return
-        fut: Future = Future()
-
-        def build() -> None:
-            try:
-                fut.set_result(self._new_compiler())
-            except Exception as e:  # noqa: BLE001 - handed to the first constrained request
-                fut.set_exception(e)
-
-        threading.Thread(target=build, name="grammar-compiler", daemon=True).start()
-        self._grammars_ahead = fut
+        try:
+            self._grammars = self._new_compiler()
+        except Exception as e:  # noqa: BLE001 - the first constrained request tries again and fails with it
+            log.warning("structured output unavailable for now: %s", e)
 
     def export(self, req: Request) -> CacheState:
         if req.slot is None:
