@@ -25,7 +25,27 @@ def _has_cuda() -> bool:
     return torch.cuda.is_available()
 
 
+# Tests that must have the machine to themselves (`./dev test` runs every other test two at a
+# time, pytest-xdist): every e2e test (whole servers of several processes, killed and frozen
+# workers, heartbeat deadlines), and the engine tests that start worker processes or time
+# what they observe (timeouts, slow clients, heartbeats, collectives between ranks).
+SERIAL_DIRS = ("e2e",)
+SERIAL_FILES = {
+    "test_ring_serving.py", "test_ring_hostile.py", "test_http_hostile.py",
+    "test_kv_store_redis.py", "test_frontend_heartbeats.py", "test_ep_moe.py",
+    "test_kernels_numba_threads.py", "test_cli.py",
+}  # fmt: skip
+
+
+def _serial(item: pytest.Item) -> bool:
+    path = Path(str(item.path)).relative_to(TESTS)
+    return path.parts[0] in SERIAL_DIRS or path.name in SERIAL_FILES
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if _serial(item):
+            item.add_marker(pytest.mark.serial)
     if _has_cuda():
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU")
