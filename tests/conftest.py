@@ -38,7 +38,7 @@ SERIAL_FILES = {
 
 
 def _serial(item: pytest.Item) -> bool:
-    path = Path(str(item.path)).relative_to(TESTS)
+    path = item.path.relative_to(TESTS)
     return path.parts[0] in SERIAL_DIRS or path.name in SERIAL_FILES
 
 

@@ -4,7 +4,6 @@ busy when its heartbeats arrived (they are read before the judgement); a silent 
 
 from __future__ import annotations
 
-import asyncio
 import threading
 import time
 
@@ -15,6 +14,7 @@ from deepring.frontend.client import EngineClient
 from deepring.ipc import codec
 from deepring.ipc.messages import Health
 from deepring.ipc.validate import worker_route
+from loop_thread import LoopThread
 
 INTERVAL, TIMEOUT = 0.05, 0.6
 INFO = {
@@ -24,24 +24,16 @@ INFO = {
 }  # fmt: skip
 
 
-class Frontend:
+class Frontend(LoopThread):
     """An EngineClient on its own event loop thread."""
 
     def __init__(self, addr: str) -> None:
+        super().__init__()
         self.config = FrontendConfig(
             ring_addr=addr, heartbeat_interval=INTERVAL, heartbeat_timeout=TIMEOUT
         )
-        self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
-        self.thread.start()
         self.client = EngineClient(self.config)
         self.call(lambda: self.client.start(self.loop))
-
-    def call(self, fn):
-        async def wrap():
-            return fn()
-
-        return asyncio.run_coroutine_threadsafe(wrap(), self.loop).result(10)
 
     def registered(self) -> set[str]:
         return self.call(lambda: set(self.client.workers))
@@ -52,9 +44,7 @@ class Frontend:
 
     def close(self) -> None:
         self.call(self.client.close)
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(10)
-        self.loop.close()
+        self.stop()
 
 
 class FakeWorker:

@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import os
 import socket
-import threading
 import time
 
 import msgpack
@@ -27,6 +26,7 @@ from deepring.launcher import Supervisor
 from deepring.sampling.params import SamplingParams
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from loop_thread import LoopThread
 from ring_frames import frames as any_frames
 
 pytestmark = [
@@ -65,8 +65,9 @@ class Collect:
         self.done.set_result(("error", message))
 
 
-class SecureRing:
+class SecureRing(LoopThread):
     def __init__(self, root) -> None:
+        super().__init__()
         self.keys_dir = root / "keys"
         ring_keys.generate(self.keys_dir)
         self.keys = ring_keys.load(self.keys_dir)
@@ -89,9 +90,6 @@ class SecureRing:
             WorkerConfig(role="decode", index=0, engine=SPEC, handoff_bind=self.handoff, **common),
         )
         self.fatal: list[str] = []
-        self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
-        self.thread.start()
         self.call(self._start)
         self.run(self.client.wait_ready(), timeout=180)
         self.ctx = zmq.Context()
@@ -102,15 +100,6 @@ class SecureRing:
         self.client.start(self.loop)
         self.supervisor = Supervisor(self.workers, self.client, self.fatal.append)
         self.supervisor.start()
-
-    def run(self, coro, timeout: float = 60):
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
-
-    def call(self, fn, *args):
-        async def wrap():
-            return fn(*args)
-
-        return self.run(wrap())
 
     def submit(self, params: SamplingParams = PARAMS) -> Collect:
         def go() -> Collect:
@@ -154,9 +143,7 @@ class SecureRing:
         self.ctx.term()
         self.run(self.supervisor.stop(timeout=10))
         self.call(self.client.close)
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(10)
-        self.loop.close()
+        self.stop()
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import threading
 import time
 
 import msgpack
@@ -21,6 +20,7 @@ from deepring.config import EngineSpec, FrontendConfig, WorkerConfig
 from deepring.frontend.client import EngineClient
 from deepring.frontend.requests import Overloaded
 from deepring.launcher import Supervisor
+from loop_thread import LoopThread
 
 pytestmark = pytest.mark.slow
 
@@ -48,8 +48,9 @@ class Collect:
         self.done.set_result(("error", message))
 
 
-class Ring:
+class Ring(LoopThread):
     def __init__(self, root, spec: EngineSpec = SPEC, max_queued: int = 8) -> None:
+        super().__init__()
         self.fe = FrontendConfig(
             ring_addr=f"ipc://{root}/ring",
             max_queued_requests=max_queued,
@@ -72,10 +73,7 @@ class Ring:
                 **common,
             ),
         )
-        self.loop = asyncio.new_event_loop()
         self.fatal: list[str] = []
-        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
-        self.thread.start()
         self.call(self._start)
         self.run(self.client.wait_ready(), timeout=120)
 
@@ -84,15 +82,6 @@ class Ring:
         self.client.start(self.loop)
         self.supervisor = Supervisor(self.workers, self.client, self.fatal.append)
         self.supervisor.start()
-
-    def run(self, coro, timeout: float = 60):
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
-
-    def call(self, fn, *args):
-        async def wrap():
-            return fn(*args)
-
-        return self.run(wrap())
 
     def submit(self, prompt: list[int], params: SamplingParams, seed: int = 0):
         def go():
@@ -125,9 +114,7 @@ class Ring:
     def close(self) -> None:
         self.run(self.supervisor.stop(timeout=10))
         self.call(self.client.close)
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(10)
-        self.loop.close()
+        self.stop()
 
 
 @pytest.fixture(scope="module")

@@ -311,10 +311,10 @@ class EngineCore:
     def prepare_grammars(self) -> None:
         """Build the grammar compiler now, so that the first constrained request does not wait
         for it: workers call this before they say they are ready. llguidance's tokenizer build
-        (~1.8 s for a 129k vocabulary) holds the GIL; on a helper thread after `ready` it held
-        up the worker's loop and its heartbeats for as long (~6 s on a loaded 2-core machine,
-        long enough for the frontend to declare every worker dead). Offline engines build it
-        on their first constrained request."""
+        (~1.8 s for a 129k vocabulary, ad-hoc timing on the 2-core dev machine) holds the GIL;
+        on a helper thread after `ready` it held up the worker's loop and its heartbeats for as
+        long (~6 s on a loaded 2-core machine, long enough for the frontend to declare every
+        worker dead). Offline engines build it on their first constrained request."""
         if self.tokenizer_path is None or self._grammars is not None:
             return
         try:

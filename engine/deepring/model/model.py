@@ -31,7 +31,8 @@ class Backbone(nn.Module):
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         # Built on the meta device (loader): an initial weight skips Embedding's normal_ init,
-        # whose meta-device path imports torch._dynamo (~1.5 s of every worker's start-up).
+        # whose meta-device path imports torch._dynamo (~1.5-3 s of every worker's start-up:
+        # ad-hoc cProfile of a worker's build on the 2-core dev machine).
         self.embed_tokens = nn.Embedding(
             config.vocab_size,
             config.hidden_size,
