@@ -8,7 +8,7 @@ import random
 
 import pytest
 from deepring.cost.model import StepCost, StepShape
-from deepring.spec.profile import MIN_SECONDS, StepsPerSecond, profile
+from deepring.spec.profile import MIN_SECONDS, LinearTimes, StepsPerSecond, profile
 
 
 def test_noisy_samples_become_monotone():
@@ -137,3 +137,101 @@ def test_profile_with_the_real_clock():
     curve = profile(calls.append, [1, 4], repeats=2, warmup=0)
     assert calls == [1, 1, 4, 4]
     assert all(s > 0 for s in curve.seconds)
+
+
+def _kkt_gap(coef, xs, ts, weights) -> float:
+    """How far `coef` is from satisfying the optimality conditions of non-negative least
+    squares (an independent certificate, not a second solver): coef >= 0, the gradient of
+    the squared residual >= 0, and zero where coef > 0."""
+    import numpy as np
+
+    w = np.sqrt(np.asarray(weights, dtype=float))
+    a = np.asarray(xs, dtype=float) * w[:, None]
+    b = np.asarray(ts, dtype=float) * w
+    c = np.asarray(coef)
+    grad = a.T @ (a @ c - b)
+    scale = float(np.abs(a.T @ b).max()) or 1.0
+    return max(float(-c.min()), float(-grad.min()) / scale, float(np.abs(c * grad).max()) / scale)
+
+
+def test_linear_times_is_the_non_negative_least_squares_fit():
+    """Random problems (many with a true coefficient below zero, so the constraint binds):
+    the fit satisfies the NNLS optimality conditions over the prior (weighted) and the
+    samples, and predict() is its dot product."""
+    rng = random.Random(5)
+    for _ in range(200):
+        width = rng.randint(1, 4)
+        true = [rng.uniform(-1.0, 2.0) for _ in range(width)]
+        prior = [([rng.uniform(0, 4) for _ in range(width)], rng.uniform(0, 3)) for _ in range(2)]
+        fit = LinearTimes(prior, prior_weight=rng.choice([0.5, 8.0]))
+        xs, ts = [], []
+        for _ in range(rng.randint(0, 40)):
+            x = [1.0] + [rng.uniform(0, 32) for _ in range(width - 1)]
+            t = max(sum(c * v for c, v in zip(true, x, strict=True)) + rng.gauss(0, 0.3), 0.0)
+            fit.add(x, t)
+            xs.append(x)
+            ts.append(t)
+        fit.coef = fit._fit()  # (add() refits every REFIT: check the fit of everything added)
+        all_x = [x for x, _ in prior] + xs
+        all_t = [t for _, t in prior] + ts
+        weights = [fit.prior_weight] * len(prior) + [1.0] * len(xs)
+        assert _kkt_gap(fit.coef, all_x, all_t, weights) < 1e-7
+        x = [1.0] * width
+        assert fit.predict(x) == pytest.approx(max(sum(fit.coef), MIN_SECONDS))
+
+
+def test_linear_times_learns_the_running_engine_and_keeps_the_prior_elsewhere():
+    """A profile 2x off is corrected by measured steps; a coefficient the samples cannot
+    tell apart (a steady batch: requests constant) stays where the prior put the split."""
+    prior = [((1.0, 1.0, 0.0), 0.020), ((1.0, 4.0, 0.0), 0.026), ((1.0, 4.0, 20.0), 0.046)]
+    fit = LinearTimes(prior)
+    assert fit.predict((1.0, 32.0, 0.0)) == pytest.approx(0.018 + 0.002 * 32, rel=1e-6)
+    rng = random.Random(0)
+    for i in range(LinearTimes.KEEP):
+        drafts = (i % 5) * 8
+        fit.add((1.0, 32.0, drafts), 0.009 + 0.0006 * 32 + 0.0005 * drafts + rng.gauss(0, 1e-4))
+    assert fit.predict((1.0, 32.0, 0.0)) == pytest.approx(0.0282, rel=0.03)
+    assert fit.predict((1.0, 32.0, 40.0)) == pytest.approx(0.0482, rel=0.03)
+    # Only the window counts: KEEP newer samples of a slower machine replace these.
+    for _ in range(LinearTimes.KEEP):
+        fit.add((1.0, 32.0, 0.0), 0.05)
+    assert fit.predict((1.0, 32.0, 0.0)) == pytest.approx(0.05, rel=0.02)
+
+
+def test_linear_times_scales_one_batch_size_per_request():
+    """The drafter's fit (a prior point of 0 s at no request): proposals timed at one batch
+    size only predict in proportion to the requests; a second size gives the fixed part."""
+    fit = LinearTimes([((1.0, 0.0), 0.0)], prior_weight=1.0)
+    assert fit.predict((1.0, 8.0)) == MIN_SECONDS  # nothing measured: free
+    fit.add((1.0, 1.0), 0.012)  # the first sample is fitted at once
+    assert fit.predict((1.0, 32.0)) == pytest.approx(32 * 0.012, rel=0.05)
+    for _ in range(LinearTimes.REFIT):
+        fit.add((1.0, 1.0), 0.012)
+        fit.add((1.0, 32.0), 0.050)
+    # The prior point pulls the fixed part a little towards 0: plain least squares over it
+    # and the 33 samples (both coefficients come out positive, so no constraint binds).
+    import numpy as np
+
+    xs = [(1.0, 0.0)] + [(1.0, 1.0)] * (LinearTimes.REFIT + 1) + [(1.0, 32.0)] * LinearTimes.REFIT
+    ts = [0.0] + [0.012] * (LinearTimes.REFIT + 1) + [0.050] * LinearTimes.REFIT
+    want = np.linalg.lstsq(np.array(xs), np.array(ts), rcond=None)[0]
+    fit.coef = fit._fit()  # (add() refits every REFIT: fit everything added)
+    assert fit.coef == pytest.approx(tuple(want), rel=1e-9)
+    assert 0.009 < fit.coef[0] < 0.0108  # the two sizes' line: 0.0108 + 0.00123 per request
+
+
+def test_linear_times_checks():
+    with pytest.raises(ValueError, match="at least one prior"):
+        LinearTimes([])
+    with pytest.raises(ValueError, match="same number of features"):
+        LinearTimes([((1.0,), 1.0), ((1.0, 2.0), 1.0)])
+    with pytest.raises(ValueError, match="1 to 8 features"):
+        LinearTimes([((1.0,) * 9, 1.0)])
+    with pytest.raises(ValueError, match="prior_weight"):
+        LinearTimes([((1.0,), 1.0)], prior_weight=0.0)
+    fit = LinearTimes([((1.0,), 1.0)])
+    with pytest.raises(ValueError, match="2 features, expected 1"):
+        fit.add((1.0, 2.0), 1.0)
+    fit.add((1.0,), float("nan"))  # a broken clock reading is dropped, not fitted
+    fit.add((1.0,), -1.0)
+    assert not fit.samples

@@ -188,6 +188,16 @@ def test_modes_are_refused_clearly(deepring_cache_dir):
         LLM("tiny", speculative="fixed:0")
 
 
+def _exact_times(base: float, per_seq: float, per_draft: float):
+    """A step-time fit that predicts base + per_seq * requests + per_draft * drafts until
+    measured steps move it (prior samples pinning each coefficient)."""
+    from deepring.spec.profile import LinearTimes
+
+    return LinearTimes(
+        [((1.0, 0.0, 0.0), base), ((0.0, 1.0, 0.0), per_seq), ((0.0, 0.0, 1.0), per_draft)]
+    )
+
+
 def test_dspark_lengths_come_from_the_prefix_scheduler(deepring_cache_dir):
     """plan() cuts each request's drafts to spec.schedule's lengths for its survival against
     the step-time model's curve: confident requests verify more than doubtful ones."""
@@ -205,12 +215,13 @@ def test_dspark_lengths_come_from_the_prefix_scheduler(deepring_cache_dir):
     spec = llm.engine.spec
     # The start-up profile timed real steps: a draft costs something, and its scratch slots
     # and blocks were given back.
-    assert spec.token_seconds > 0
-    assert spec.base_seconds > 0
+    base, _per_seq, per_draft = spec.step_times.coef
+    assert per_draft > 0
+    assert base > 0
     assert llm.engine.slots.num_free == llm.engine.slots.num_slots
     assert llm.engine.blocks.num_used == 0
     # Against the profiled curve (set here to known values) ...
-    spec.base_seconds, spec.seq_seconds, spec.token_seconds = 0.004, 0.002, 0.002
+    spec.step_times = _exact_times(0.004, 0.002, 0.002)
     spec.plan(reqs, StepCost.of(base=1.0, token=0.0, seq=0.0, pair=0.0, context=0.0))
     want = schedule(survival, lambda b: 1 / (0.004 + 0.002 * b), 5)
     assert [len(r.drafts) for r in reqs] == want
@@ -221,7 +232,7 @@ def test_dspark_lengths_come_from_the_prefix_scheduler(deepring_cache_dir):
     # ... or, without a profile, the step-time model's.
     for r in reqs:
         r.drafts = [7, 8, 9, 10, 11]
-    spec.token_seconds = None
+    spec.step_times = None
     spec.plan(reqs, StepCost.of(base=0.01, token=0.002, seq=0.0, pair=0.0, context=0.0))
     assert [len(r.drafts) for r in reqs] == schedule(survival, lambda b: 1 / (0.01 + 0.002 * b), 5)
 
@@ -235,7 +246,7 @@ def test_dspark_drafter_rests_when_no_draft_is_worth_it(deepring_cache_dir):
     plain = LLM("tiny-trained", max_model_len=512).generate(prompts, GREEDY)
     llm = LLM("tiny-trained", max_model_len=512, speculative="dspark")
     spec = llm.engine.spec
-    spec.token_seconds = 10.0  # seconds per verified draft: never worth it
+    spec.step_times = _exact_times(0.001, 0.001, 10.0)  # seconds per draft: never worth it
     carried = []
     engine = llm.engine
     req = engine.add(0, prompts[0], GREEDY, seed=0)
@@ -247,6 +258,41 @@ def test_dspark_drafter_rests_when_no_draft_is_worth_it(deepring_cache_dir):
     # Proposed after the prompt, cut by the plan, then REST_STEPS steps without drafting.
     assert carried[1 : 3 + REST_STEPS] == [True] + [False] * REST_STEPS + [True]
     assert carried.count(True) >= 3
+
+
+def test_one_unpromising_proposal_does_not_rest_the_drafter(deepring_cache_dir):
+    """plan() rests the drafter on the gain averaged over recent steps: after steps where
+    drafting paid, one proposal the scheduler cuts to nothing does not stop it (it did, and at
+    batch 1 that cost more than the drafts it saved); proposals that keep failing do."""
+    from deepring.core.request import Request
+    from deepring.cost.model import StepCost
+    from deepring.spec.profile import LinearTimes
+
+    llm = LLM("tiny-trained", max_model_len=512, speculative="dspark")
+    spec = llm.engine.spec
+    spec.step_times = _exact_times(0.010, 0.001, 0.001)
+    spec.draft_times = LinearTimes([((1.0, 0.0), 0.0), ((0.0, 1.0), 0.004)])
+    cost = StepCost.of(base=1.0, token=0.0, seq=0.0, pair=0.0, context=0.0)
+    req = Request(rid=0, prompt_ids=[5] * 10, params=GREEDY, seed=0)
+
+    def plan(survival: list[float]) -> int:
+        req.drafts, req.survival = [7, 8, 9, 10, 11], list(survival)
+        spec.plan([req], cost)
+        return len(req.drafts)
+
+    good, bad = [0.95, 0.9, 0.85, 0.8, 0.75], [0.05, 0.01, 0.0, 0.0, 0.0]
+    for _ in range(4):
+        assert plan(good) == 5
+        assert spec._rest == 0
+    assert plan(bad) == 0  # nothing worth verifying this step ...
+    assert spec._rest == 0  # ... but drafting paid on average: no rest
+    for _ in range(8):
+        if spec._rest:
+            break
+        plan(bad)
+    from deepring.core.speculative import REST_STEPS
+
+    assert spec._rest == REST_STEPS  # failing on average: the drafter rests
 
 
 @pytest.mark.parametrize("mode", ["fixed:3", "dspark"])

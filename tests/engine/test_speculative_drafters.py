@@ -94,8 +94,32 @@ def test_online_calibration_recovers_the_temperatures():
         ok = torch.rand(3, generator=g) < torch.sigmoid(z / true_t)
         accepted = int(ok.long().cumprod(0).sum())
         cal.add(z.tolist(), 3, accepted)
-    assert cal.fits == OnlineCalibration.KEEP // OnlineCalibration.REFIT
+    # Fits at FIRST, 2 FIRST, 4 FIRST, ... samples up to REFIT, then every REFIT.
+    first, refit, keep = OnlineCalibration.FIRST, OnlineCalibration.REFIT, OnlineCalibration.KEEP
+    doubling = [first * 2**k for k in range(8) if first * 2**k <= refit]
+    assert cal.fits == len(doubling) + (keep - doubling[-1]) // refit
     torch.testing.assert_close(cal.temps, true_t, rtol=0.2, atol=0.0)
+
+
+def test_online_calibration_fits_early_and_only_positions_it_has_seen():
+    """The first fit comes after FIRST request-steps; a position tested fewer than
+    MIN_SAMPLES times (drafts after an early rejection are never tested) keeps its
+    temperature, the others move towards the truth."""
+    from deepring.core.drafters import OnlineCalibration
+
+    cal = OnlineCalibration((3.0, 3.0, 3.0), 3)
+    g = torch.Generator().manual_seed(1)
+    for i in range(OnlineCalibration.FIRST):
+        z = torch.randn(3, generator=g) * 3
+        ok = bool(torch.rand(1, generator=g) < torch.sigmoid(z[0] / 0.5))
+        # All three drafts verified in the first few steps only (then draft 1 is tested when
+        # draft 0 survived, and rejected); one draft verified in the others.
+        verified = 3 if i < OnlineCalibration.MIN_SAMPLES // 4 else 1
+        assert cal.fits == 0
+        cal.add(z.tolist(), verified, int(ok))
+    assert cal.fits == 1
+    assert float(cal.temps[0]) < 1.5  # fitted: the truth is 0.5
+    assert cal.temps[1:].tolist() == [3.0, 3.0]  # too few outcomes: kept
 
 
 def test_the_engine_refits_on_its_own_outcomes(deepring_cache_dir, monkeypatch):

@@ -201,13 +201,23 @@ class DSparkContext:
 
 class OnlineCalibration:
     """The confidence head's per-position temperatures, refitted on this engine's own
-    verify outcomes (spec.calibrate.fit_temperatures over the last KEEP request-steps, every
-    REFIT new ones); until then the checkpoint's (dspark_confidence_temperatures, or 1).
-    Calibration drifts with the traffic (the checkpoint's were fitted on its training text),
-    and the prefix scheduler trusts the survival as a probability."""
+    verify outcomes (spec.calibrate.fit_temperatures over the last KEEP request-steps); until
+    then the checkpoint's (dspark_confidence_temperatures, or 1). Calibration drifts with the
+    traffic (the checkpoint's were fitted on its training text), and the prefix scheduler
+    trusts the survival as a probability.
 
+    When: after FIRST request-steps, then at twice as many each time up to REFIT, then every
+    REFIT new ones. A survival that is wrong from the start costs every step until the first
+    fit (tiny-trained's checkpoint temperatures put draft 4's survival at 0.19 where 0.52 of
+    them survive on the bench's text, so the scheduler cut drafts that would have been
+    accepted and rested the drafter), so the first fit comes early; a position keeps its
+    temperature until MIN_SAMPLES outcomes tested it (the later positions are tested only
+    when every draft before them survived, so early fits see few of them)."""
+
+    FIRST = 32
     REFIT = 256
     KEEP = 4096
+    MIN_SAMPLES = 16
 
     def __init__(self, temps: tuple[float, ...], length: int) -> None:
         t = list(temps[:length]) + [1.0] * max(0, length - len(temps))
@@ -216,20 +226,26 @@ class OnlineCalibration:
         self.samples: deque[tuple[list[float], int, int]] = deque(maxlen=self.KEEP)
         self.new = 0
         self.fits = 0
+        self._due = min(self.FIRST, self.REFIT)  # new samples before the next fit
 
     def add(self, conf: list[float], verified: int, accepted: int) -> None:
         self.samples.append((conf[: self.length], verified, accepted))
         self.new += 1
-        if self.new >= self.REFIT:
-            self.new = 0
-            self.fits += 1
-            z = torch.tensor([c for c, _, _ in self.samples], dtype=torch.float32)
-            g = torch.arange(z.shape[1])
-            ver = torch.tensor([v for _, v, _ in self.samples])[:, None]
-            acc = torch.tensor([a for _, _, a in self.samples])[:, None]
-            # Draft g was tested when it was verified and every draft before it accepted.
-            valid = (g[None] < ver) & (g[None] <= acc)
-            self.temps = fit_temperatures(z, g[None] < acc, valid)
+        if self.new < self._due:
+            return
+        self.new = 0
+        self.fits += 1
+        # Fit k came at FIRST * 2^(k-1) samples in all: the next when that many more arrived.
+        self._due = min(self.FIRST * 2 ** (self.fits - 1), self.REFIT)
+        z = torch.tensor([c for c, _, _ in self.samples], dtype=torch.float32)
+        g = torch.arange(z.shape[1])
+        ver = torch.tensor([v for _, v, _ in self.samples])[:, None]
+        acc = torch.tensor([a for _, _, a in self.samples])[:, None]
+        # Draft g was tested when it was verified and every draft before it accepted.
+        valid = (g[None] < ver) & (g[None] <= acc)
+        fitted = fit_temperatures(z, g[None] < acc, valid)
+        enough = valid.sum(0) >= self.MIN_SAMPLES
+        self.temps = torch.where(enough, fitted, self.temps)
 
 
 def drafter_problem(mode: SpecMode, config: ModelConfig, name: str) -> str | None:

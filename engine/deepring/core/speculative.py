@@ -39,7 +39,7 @@ from deepring.model.batch import ForwardBatch, SeqChunk
 from deepring.sampling.params import TokenLogprob
 from deepring.sampling.sampler import SampleRow
 from deepring.spec.accept import accept_greedy
-from deepring.spec.profile import StepsPerSecond, profile
+from deepring.spec.profile import LinearTimes, StepsPerSecond, profile
 from deepring.spec.schedule import schedule
 
 # The start-up profile (SpecRunner.profile): requests, their position, the token they feed.
@@ -49,7 +49,7 @@ PROFILE_TOKEN = 5
 # Steps dspark's drafter rests once drafting did not pay (SpecRunner.plan).
 REST_STEPS = 4
 REST_MAX = 64  # each consecutive rest twice as long as the last, up to this
-DRAFT_TIME_SMOOTHING = 0.2  # weight of the newest proposal's time in the drafter's average
+GAIN_SMOOTHING = 0.25  # weight of the newest step's expected gain in its average (plan)
 
 Run = list[tuple[int, TokenLogprob | None]]  # tokens a step emits for a request, in order
 
@@ -86,13 +86,17 @@ class SpecRunner:
         # When a list: (survival of the verified drafts, drafts accepted) per request-step
         # whose drafter reports survival (calibration measurements: bench/speculative.py).
         self.record: list[tuple[list[float], int]] | None = None
-        # A decode step's seconds: base + per request + per verified draft, timed at start-up
-        # (profile; None: the engine's step-time model instead).
-        self.token_seconds: float | None = None
-        self.seq_seconds = self.base_seconds = 0.0
+        # A decode step's seconds over (1, requests, verified drafts): the start-up profile,
+        # then refined by every decode step the engine times (spec.profile.LinearTimes).
+        # None (no profile): the engine's step-time model instead.
+        self.step_times: LinearTimes | None = None
         self._rest = 0  # steps the drafter skips (plan: drafting did not pay)
         self._rest_len = 0  # the last rest's length (0: drafting paid last time)
-        self.draft_seconds = 0.0  # the drafter's proposals, seconds per request (averaged)
+        self._gain: float | None = None  # average expected gain of drafting (plan)
+        # The drafter's proposals: seconds over (1, requests), measured; a prior point of
+        # 0 s at no request makes one batch size's measurements scale per request until
+        # others are seen (a proposal at batch 32 costs far less than 32 at batch 1).
+        self.draft_times = LinearTimes([((1.0, 0.0), 0.0)], prior_weight=1.0)
 
     def profile(self, slots: SlotAllocator, blocks: BlockAllocator) -> None:
         """Time steps at start-up (before any request: scratch slots and blocks, given back):
@@ -128,9 +132,9 @@ class SpecRunner:
                 slots.free(slot)
                 blocks.free(blk)
         one, plain, full = (curve.seconds_at(b) for b in (1, n, n * per))
-        self.seq_seconds = max(plain - one, 0.0) / (n - 1)
-        self.base_seconds = max(one - self.seq_seconds, 0.0)
-        self.token_seconds = max(full - plain, 0.0) / (n * (per - 1))
+        self.step_times = LinearTimes(
+            [((1.0, 1.0, 0.0), one), ((1.0, n, 0.0), plain), ((1.0, n, n * (per - 1.0)), full)]
+        )
 
     def plan(self, running: list[Request], cost: StepCost) -> None:
         """Cut the drafts of the requests whose drafter reported survival to the lengths the
@@ -147,14 +151,14 @@ class SpecRunner:
         most = sum(len(r.drafts) for r in reqs)
         seqs = len(running)
         context = float(sum(r.num_tokens for r in running))
-        if self.token_seconds is None:
+        if self.step_times is None:
             sps = StepsPerSecond.from_step_cost(
                 cost, [seqs, seqs + most], seqs=seqs, context=context
             )
         else:
-            plain = self.base_seconds + self.seq_seconds * seqs
-            extra = plain + self.token_seconds * most
-            sps = StepsPerSecond([(seqs, plain), (seqs + most, extra)])
+            plain = self.step_times.predict((1.0, seqs, 0.0))
+            extra = self.step_times.predict((1.0, seqs, most))
+            sps = StepsPerSecond([(seqs, plain), (seqs + most, max(extra, plain))])
         lengths = schedule(
             [r.survival for r in reqs], lambda b: sps(b + others), [len(r.drafts) for r in reqs]
         )
@@ -162,21 +166,39 @@ class SpecRunner:
             r.drafts = r.drafts[:n]
             self.scheduled_drafts += n
         # The schedule takes this step's drafts as paid for. Whether drafting pays at all is
-        # the drafter's time too: when the expected tokens per second with this schedule and
-        # the drafter's last measured time (scaled to the batch) do not beat plain decoding's,
-        # the drafter rests a few steps (its context is still fed) before the batch is looked
-        # at again.
+        # the drafter's time too: the gain of a step is its expected tokens per second with
+        # this schedule and the drafter's measured time (scaled to the batch) over plain
+        # decoding's. When the gain averaged over the last steps is not above 1, the drafter
+        # rests a few steps (its context is still fed) before the batch is looked at again.
+        # Averaged, not one step's: one proposal the scheduler cuts to nothing (its first
+        # draft unlikely) says little about the next; at batch 1 resting on each such step
+        # cost more than the drafts it saved. After a rest the first step judges afresh.
         tau = seqs + sum(sum(r.survival[:n]) for r, n in zip(reqs, lengths, strict=True))
         verify_s = 1.0 / sps(seqs + sum(lengths))
-        draft_s = self.draft_seconds * len(reqs)
-        if tau / (verify_s + draft_s) <= seqs * sps(seqs):
+        draft_s = self.draft_times.predict((1.0, len(reqs)))
+        gain = tau / (verify_s + draft_s) / (seqs * sps(seqs))
+        self._gain = (
+            gain if self._gain is None else self._gain + GAIN_SMOOTHING * (gain - self._gain)
+        )
+        if self._gain <= 1.0:
             self._rest_len = min(2 * self._rest_len, REST_MAX) if self._rest_len else REST_STEPS
             self._rest = self._rest_len
+            self._gain = None
         else:
             self._rest_len = 0
 
     def verify(self, scheduled: list[Scheduled]) -> list[Run]:
         """Run the step; per scheduled request the tokens it emits (empty mid-prompt)."""
+        t0 = time.perf_counter()
+        runs = self._verify(scheduled)
+        # A decode step (every request feeding its last token and its drafts, no prompt
+        # chunk) is a sample of the step time plan() predicts.
+        if self.step_times is not None and all(s.num_tokens - s.num_drafts == 1 for s in scheduled):
+            drafts = sum(s.num_drafts for s in scheduled)
+            self.step_times.add((1.0, len(scheduled), drafts), time.perf_counter() - t0)
+        return runs
+
+    def _verify(self, scheduled: list[Scheduled]) -> list[Run]:
         run = self.runner
         chunks, spans, span_of, offsets, starts = [], [], [], [], []
         offset = 0
@@ -339,11 +361,9 @@ class SpecRunner:
                 r.drafts = list(prop.drafts[i])
                 r.survival = list(prop.survival[i]) if prop.survival is not None else None
                 _fit_drafts(r, self.model.config.vocab_size)
-            # (the .tolist() of the proposal synchronised the device: this is its time;
-            # averaged, so one slow step on a shared machine does not send the drafter to rest)
-            took = (time.perf_counter() - t0) / len(decoding)
-            a = DRAFT_TIME_SMOOTHING if self.draft_seconds else 1.0
-            self.draft_seconds += a * (took - self.draft_seconds)
+            # (the .tolist() of the proposal synchronised the device: this is its time; fitted
+            # over many, so one slow step on a shared machine does not send the drafter to rest)
+            self.draft_times.add((1.0, len(decoding)), time.perf_counter() - t0)
 
 
 def _draft_states(req: Request, n: int) -> list:

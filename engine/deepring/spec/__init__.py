@@ -11,10 +11,11 @@ from deepring.spec.calibrate import (
     expected_calibration_error,
     fit_temperatures,
 )
-from deepring.spec.profile import StepsPerSecond, profile
+from deepring.spec.profile import LinearTimes, StepsPerSecond, profile
 from deepring.spec.schedule import schedule, throughput
 
 __all__ = [
+    "LinearTimes",
     "StepsPerSecond",
     "accept_greedy",
     "accept_sampled",
