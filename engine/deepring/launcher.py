@@ -11,7 +11,9 @@ supervisor reports it and gives up instead of looping.
 The ranks of an expert-parallel group (`--ep N`, worker.ep_rank) live and die together: their
 MoE layers cannot step without every rank. When one exits, the supervisor kills the others,
 the frontend reroutes what each of them held, and once all are down the group starts again,
-on a fresh rendezvous port, after the failed rank's backoff.
+on a fresh rendezvous port, after the failed rank's backoff. A rank that hangs or is frozen
+without exiting is found by its missed heartbeats (the frontend's timeout, seconds, not the
+group's collective timeout, minutes) and killed, which takes its group down the same way.
 """
 
 from __future__ import annotations
@@ -51,6 +53,7 @@ class _Child:
     restarts: int = 0
     last_exit: str = ""
     down_since: float | None = None  # exited, not running again yet
+    silenced: str = ""  # why the supervisor killed it (a silent expert-parallel rank)
 
 
 class Supervisor:
@@ -80,6 +83,7 @@ class Supervisor:
                 self.groups.setdefault(_group(cfg), []).append(cfg.worker_id)
         self.falling: dict[tuple[str, int], float] = {}
         self.regrouping: set[tuple[str, int]] = set()
+        client.on_silent = self._silent
 
     def start(self) -> None:
         for cfg in self.configs:
@@ -126,7 +130,7 @@ class Supervisor:
             self._restart_group_when_down(key)
             return
         was_ready = p.pid in self.client.registry.seen_pids
-        why = f"exited unexpectedly with code {code}"
+        why = child.silenced or f"exited unexpectedly with code {code}"
         self.client.worker_lost(wid, why, f"pid {p.pid}")
         if not was_ready:
             self.on_fatal(
@@ -160,6 +164,23 @@ class Supervisor:
             self._spawn(child.config, backoff, child, process=spare)
             return
         self._loop.call_later(child.backoff, self._restart, child, backoff)
+
+    def _silent(self, wid: str, pid: int) -> None:
+        """The frontend declared `wid` dead for missed heartbeats. A hung or frozen
+        expert-parallel rank holds its whole group: the other ranks wait in their next
+        collective until the group timeout (worker.ep_rank.GROUP_TIMEOUT_S, minutes). It is
+        killed: its exit takes the group down and restarts it (_exited), and the frontend has
+        rerouted its requests already. Its peers, silent too while they wait on it, go the
+        same way. Other workers are left alone: a frozen one re-registers when it thaws."""
+        child = self.children.get(wid)
+        if child is None or self.stopping or child.process.pid != pid:
+            return  # not ours (another frontend's), or an incarnation already replaced
+        key = _group(child.config)
+        if key is None or key in self.falling or not child.process.is_alive():
+            return
+        log.warning("killing %s (pid %s): a silent expert-parallel rank holds its group", wid, pid)
+        child.silenced = "was killed: silent for the heartbeat timeout (hung or frozen)"
+        child.process.kill()
 
     def _take_group_down(self, key: tuple[str, int], failed: str, backoff: float) -> None:
         """Rank `failed` of group `key` exited: stop the other ranks (their collectives would

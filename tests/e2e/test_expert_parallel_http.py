@@ -7,6 +7,7 @@ still ends with the fault-free output."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
@@ -149,6 +150,35 @@ def test_a_killed_rank_restarts_its_group_and_the_streams_go_on(group, offline):
     now = group.health()["local_workers"]["workers"]
     assert now["decode-0"]["restarts"] == restarts["decode-0"] + 1
     assert now["decode-1"]["restarts"] == restarts["decode-1"] + 1
+    assert now["prefill-0"]["restarts"] == restarts["prefill-0"]
+    deadline = time.monotonic() + 120
+    while group.health()["status"] != "ok" and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert group.health()["status"] == "ok"
+
+
+def test_a_frozen_rank_is_killed_and_its_group_restarts(group, offline):
+    """A rank frozen mid-run (SIGSTOP: alive, silent) holds its group: its peer waits in the
+    next collective. The frontend declares it dead after the heartbeat timeout, the
+    supervisor kills it (not waiting for the group's collective timeout, minutes), the group
+    restarts, and every stream still ends with the fault-free output."""
+    from deepring.worker.ep_rank import GROUP_TIMEOUT_S
+
+    restarts = {w: r["restarts"] for w, r in group.health()["local_workers"]["workers"].items()}
+    victim = next(w for w in _ranks(group, "decode") if w["worker"] == "decode-1")["pid"]
+    t0 = time.monotonic()
+    try:
+        assert _run_all(group.url, fault=lambda: os.kill(victim, signal.SIGSTOP)) == offline
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(victim, signal.SIGCONT)  # (only if it was not killed: the test fails)
+    took = time.monotonic() - t0
+    assert f"killing decode-1 (pid {victim}): a silent expert-parallel rank" in group.log()
+    assert took < GROUP_TIMEOUT_S / 2, took
+    now = group.health()["local_workers"]["workers"]
+    assert now["decode-1"]["restarts"] == restarts["decode-1"] + 1
+    assert now["decode-0"]["restarts"] == restarts["decode-0"] + 1
+    assert "silent for the heartbeat timeout" in now["decode-1"]["last_exit"]
     assert now["prefill-0"]["restarts"] == restarts["prefill-0"]
     deadline = time.monotonic() + 120
     while group.health()["status"] != "ok" and time.monotonic() < deadline:

@@ -33,6 +33,7 @@ import os
 import random
 import time
 from collections import deque
+from collections.abc import Callable
 
 import numpy as np
 import zmq
@@ -83,6 +84,10 @@ class EngineClient:
         self._beat_handle: asyncio.TimerHandle | None = None
         self._ready_event: asyncio.Event | None = None
         self.closed = False
+        # Told (worker id, pid) when a worker is declared dead for missed heartbeats: the
+        # supervisor (launcher.py) kills a silent expert-parallel rank, whose group cannot step
+        # without it. Other workers are only dropped: a frozen one re-registers when it thaws.
+        self.on_silent: Callable[[str, int | None], None] | None = None
 
     # ---- life cycle ----------------------------------------------------------------------------
 
@@ -389,6 +394,8 @@ class EngineClient:
         now = time.monotonic()
         for w in self.registry.silent(now, self.config.heartbeat_timeout):
             self.worker_lost(w.id, f"sent no heartbeat for {now - w.last_seen:.0f}s")
+            if self.on_silent is not None:
+                self.on_silent(w.id, w.pid)
         self._expire_queued(now)
         for w in list(self.workers.values()):
             self._send(
