@@ -26,17 +26,11 @@ def _has_cuda() -> bool:
 
 
 # Tests that must have the machine to themselves (`./dev test` runs every other test two at a
-# time, pytest-xdist): the e2e tests that kill, freeze or time workers (rerouting, failures,
-# topologies, shared workers, expert-parallel ranks, key rotation and rate limits, the shared
-# server's flood and metrics), and the engine tests that start worker processes or time what
-# they observe (timeouts, slow clients, heartbeats, collectives between ranks). The other e2e
-# modules only check what a server answers (its own server per xdist worker) and share.
+# time, pytest-xdist): every e2e test (whole servers of several processes, killed and frozen
+# workers, heartbeat deadlines), and the engine tests that start worker processes or time
+# what they observe (timeouts, slow clients, heartbeats, collectives between ranks).
+SERIAL_DIRS = ("e2e",)
 SERIAL_FILES = {
-    # e2e
-    "test_reroute.py", "test_topologies.py", "test_failures.py", "test_shared_workers.py",
-    "test_expert_parallel_http.py", "test_security.py", "test_health_metrics.py",
-    "test_http_guards.py",
-    # engine
     "test_ring_serving.py", "test_ring_hostile.py", "test_http_hostile.py",
     "test_kv_store_redis.py", "test_frontend_heartbeats.py", "test_ep_moe.py",
     "test_kernels_numba_threads.py", "test_cli.py",
@@ -44,7 +38,8 @@ SERIAL_FILES = {
 
 
 def _serial(item: pytest.Item) -> bool:
-    return item.path.name in SERIAL_FILES
+    path = item.path.relative_to(TESTS)
+    return path.parts[0] in SERIAL_DIRS or path.name in SERIAL_FILES
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
