@@ -46,12 +46,17 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def run_group(w: Workload, out_dir: Path, checkpoint: Path | None = None) -> list[dict]:
+def run_group(
+    w: Workload, out_dir: Path, checkpoint: Path | None = None, quantised: str = "auto"
+) -> list[dict]:
     """Run the workload on w.n_ranks spawned gloo ranks; each rank's results (torch.load).
     checkpoint: the model saved there (as `ours(..., seed=SEED)`), each rank loading only
-    its own experts from it; None: each rank builds the whole model and cuts its experts."""
+    its own experts from it (`quantised` as load_model takes it: "keep" runs the kernels in
+    Triton's interpreter, which the caller turns on with TRITON_INTERPRET=1 in the
+    environment the ranks inherit); None: each rank builds the whole model and cuts its
+    experts."""
     port = _free_port()
-    args = (w, port, str(out_dir), checkpoint)
+    args = (w, port, str(out_dir), checkpoint, quantised)
     mp.spawn(_rank_main, args=args, nprocs=w.n_ranks, join=True)
     return [torch.load(out_dir / f"rank{r}.pt") for r in range(w.n_ranks)]
 
@@ -88,7 +93,13 @@ class _Request:
         self.tokens.append(int(logits[0].argmax()))
 
 
-def _rank_main(rank: int, w: Workload, port: int, out_dir: str, checkpoint: Path | None) -> None:
+def _rank_main(
+    rank: int, w: Workload, port: int, out_dir: str, checkpoint: Path | None, quantised: str
+) -> None:
+    from triton_interp import interpreter_or_skip
+
+    if quantised == "keep":
+        interpreter_or_skip()  # (before triton is imported: the interpreter's shim)
     from deepring.ep.group import ExpertParallel, rank_slots
     from deepring.model.loader import load_model
 
@@ -104,7 +115,9 @@ def _rank_main(rank: int, w: Workload, port: int, out_dir: str, checkpoint: Path
         else:
             e = model_config(w.config).n_routed_experts
             slots = rank_slots(e, w.n_ranks, rank, w.n_redundant)
-            model = load_model(checkpoint, dtype="float32", progress=False, experts=slots).model
+            model = load_model(
+                checkpoint, dtype="float32", progress=False, experts=slots, quantised=quantised
+            ).model
             ep = ExpertParallel(model, n_redundant=w.n_redundant, sharded=True)
         slots = [layer.mlp.experts.gate_up_proj.shape[0] for layer in model.model.layers]
         pool = pool_for(model)
@@ -146,6 +159,7 @@ def _rank_main(rank: int, w: Workload, port: int, out_dir: str, checkpoint: Path
                     for r in reqs
                 },
                 "slots": slots,
+                "quant": [layer.mlp.experts.quant for layer in model.model.layers],
                 "changed": [a != b for a, b in zip(before, ep.placements, strict=True)],
                 "step_loads": list(ep.step_loads),
                 "steps": step,

@@ -9,6 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 from ep_helpers import N_DECODE, SEED, Workload, prompts, run_group, save_per_expert
+from quant_helpers import write_quantised_v4
 from v4_helpers import greedy_generate, model_config, ours, prefill_logits
 
 # Without and with redundant slots at 2 ranks; 4 ranks with them (4 ranks without them takes
@@ -87,4 +88,36 @@ def test_ranks_that_load_only_their_experts_match_the_single_process(reference, 
         assert got["tokens"] == ref[rid]["tokens"], rid
         torch.testing.assert_close(got["prefill"], ref[rid]["prefill"], rtol=1e-4, atol=1e-4)
         torch.testing.assert_close(got["decode"], ref[rid]["decode"], rtol=1e-4, atol=1e-4)
+    assert any(ranks[0]["changed"])
+
+
+def test_ranks_with_experts_kept_in_mxfp4_match_the_dequantised_single_process(
+    tmp_path, monkeypatch
+):
+    """A checkpoint in the official quantised layout (FP8 dense weights, MXFP4 experts): each
+    rank keeps its experts' packed bytes and scales (the kernels in Triton's interpreter),
+    serves and rearranges mid-run, so the scales move with their rows: the logits and tokens
+    of the single-process model dequantised at load."""
+    pytest.importorskip("triton")
+    from deepring.model.loader import load_model
+
+    w = CASES[1]  # EP2 with redundant slots, a rebalance mid-run
+    write_quantised_v4(ours(model_config(w.config), seed=SEED), tmp_path / "ckpt")
+    plain = load_model(tmp_path / "ckpt", dtype="float32", progress=False, quantised="dequantise")
+    want = {}
+    for i, p in enumerate(prompts(w)):
+        tokens, decode = greedy_generate(plain.model, p, N_DECODE)
+        want[i] = {"tokens": tokens, "decode": decode, "prefill": prefill_logits(plain.model, p)}
+    monkeypatch.setenv("TRITON_INTERPRET", "1")  # the ranks' kernels (they inherit it)
+    ranks = run_group(w, tmp_path, checkpoint=tmp_path / "ckpt", quantised="keep")
+    assert all(q == ("mxfp4", 32) for res in ranks for q in res["quant"])
+    seen = {rid: got for res in ranks for rid, got in res["requests"].items()}
+    assert sorted(seen) == sorted(want)
+    for rid, got in seen.items():
+        assert got["tokens"] == want[rid]["tokens"], rid
+        for part in ("prefill", "decode"):
+            scale = want[rid][part].abs().max()
+            torch.testing.assert_close(
+                got[part], want[rid][part], rtol=1e-4, atol=1e-4 * scale, msg=f"{rid} {part}"
+            )
     assert any(ranks[0]["changed"])

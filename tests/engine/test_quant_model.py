@@ -138,20 +138,27 @@ def test_generate_threads_the_quantised_mode_to_the_loader(checkpoint, monkeypat
     assert "quantised='keep' runs Triton kernels" in capsys.readouterr().err
 
 
-def test_a_rank_of_an_expert_parallel_group_keeps_its_dense_layers_only(checkpoint):
+def test_a_rank_of_an_expert_parallel_group_keeps_its_experts_slots_quantised(checkpoint):
+    """A rank loads its 4 of the 8 experts as the whole model would keep them: MXFP4 bytes
+    and their scales, 4 slots each; the memory plan's per-expert bytes are what it holds."""
     path, _ = checkpoint
     rank = _load(path, "keep", experts=[0, 2, 5, 7])
+    whole = _load(path, "keep")
     layer = rank.model.layers[1]
     assert layer.self_attn.q_a_proj.quant == ("fp8", 128)
-    assert layer.mlp.experts.quant is None
-    assert layer.mlp.experts.gate_up_proj.dtype == torch.float32
-    assert layer.mlp.experts.gate_up_proj.shape[0] == 4
-    plan = memory_plan.model_bytes(rank.config, torch.float32, kept=path, routed=False)
-    whole = memory_plan.model_bytes(rank.config, torch.float32)
-    assert plan.experts == whole.experts  # dequantised, 4 bytes a value
-    assert plan.replicated == _nbytes([*rank.parameters(), *rank.buffers()]) - _nbytes(
-        t for la in rank.model.layers for t in la.mlp.experts.parameters()
-    )
+    assert layer.mlp.experts.quant == ("mxfp4", 32)
+    mine = layer.mlp.experts.slot_tensors()
+    full = whole.model.layers[1].mlp.experts.slot_tensors()
+    assert sorted(mine) == ["down_proj", "down_scale", "gate_up_proj", "gate_up_scale"]
+    rows = torch.tensor([0, 2, 5, 7])
+    for name, t in mine.items():
+        assert t.dtype == torch.uint8, name
+        assert t.shape[0] == 4, name
+        assert torch.equal(t, full[name][rows]), name  # the same bytes as the whole model's
+    plan = memory_plan.model_bytes(rank.config, torch.float32, kept=path)
+    held = _nbytes(t for la in rank.model.layers for t in la.mlp.experts.slot_tensors().values())
+    assert plan.experts // plan.n_experts * 4 == held
+    assert plan.replicated == _nbytes([*rank.parameters(), *rank.buffers()]) - held
 
 
 FP8 = "model.layers.0.self_attn.q_a_proj"

@@ -70,13 +70,11 @@ _V41_HOST = re.compile(r"\.engram\.embed\.")
 _V4_ROUTED = re.compile(r"^model\.layers\.\d+\.mlp\.experts\.")
 
 
-def model_bytes(
-    config: ModelConfig, dtype: torch.dtype, kept: Path | None = None, routed: bool = True
-) -> ModelBytes:
+def model_bytes(config: ModelConfig, dtype: torch.dtype, kept: Path | None = None) -> ModelBytes:
     """The weights' bytes served in `dtype` on the device, split into replicated and routed
     experts (V4 or V4.1; V4.1's Engram tables are host memory and not counted). kept: the
-    checkpoint whose quantised weights the worker keeps quantised (None: all dequantised);
-    routed: its routed experts too (not on a rank of an expert-parallel group: load_model)."""
+    checkpoint whose quantised weights the worker keeps quantised (None: all dequantised; an
+    expert-parallel rank keeps its experts' slots like a whole model keeps all of them)."""
     from deepring.model.v41.config import V41Config
 
     if isinstance(config, V41Config):
@@ -86,7 +84,7 @@ def model_bytes(
     with torch.device("meta"):
         net = DeepseekV4(config)
     if kept is not None:
-        keep_quantised(net, kept, routed=routed)
+        keep_quantised(net, kept)
 
     def is_routed(name: str, _p) -> bool:
         return _V4_ROUTED.match(name) is not None
@@ -173,11 +171,11 @@ def plan(workers: tuple[WorkerConfig, ...]) -> list[WorkerMemory]:
             continue
         dtype = resolve_dtype(spec.dtype, torch.device(dev))
         keep = keeps_quantised(spec.quantised, torch.device(dev)) and spec.load_format != "dummy"
-        key = (spec.model, dtype, keep, w.ep is None)
+        key = (spec.model, dtype, keep)
         if key not in cache:
             path = resolve_model_path(spec.model)
             config = ModelConfig.from_pretrained(path)
-            mb = model_bytes(config, dtype, path if keep else None, routed=w.ep is None)
+            mb = model_bytes(config, dtype, path if keep else None)
             cache[key] = (config, mb)
         config, mb = cache[key]
         experts, share = mb.experts, f"{mb.n_experts}/{mb.n_experts}"

@@ -72,22 +72,16 @@ class ExpertParallel:
         for i, (layer, p) in enumerate(zip(layers, placements, strict=True)):
             ep = ExpertParallelMoE(i, p, group, self.counters, self._record)
             ex = layer.mlp.experts
-            if ex.quant is not None:
-                # Sharding and rearranging move gate_up / down rows, not yet their scales.
-                raise ValueError(
-                    "expert parallel does not yet run experts kept in MXFP4: load the model "
-                    "with quantised='dequantise'"
-                )
             if sharded:
-                if ex.gate_up_proj.shape[0] != p.slots_per_rank:
-                    raise ValueError(
-                        f"layer {i} holds {ex.gate_up_proj.shape[0]} expert slots, the "
-                        f"placement gives this rank {p.slots_per_rank}"
-                    )
+                for name, t in ex.slot_tensors().items():
+                    if t.shape[0] != p.slots_per_rank:
+                        raise ValueError(
+                            f"layer {i} holds {t.shape[0]} expert slots in {name}, the "
+                            f"placement gives this rank {p.slots_per_rank}"
+                        )
             else:
-                gate_up, down = ep.shard(ex.gate_up_proj.data, ex.down_proj.data)
-                ex.gate_up_proj = nn.Parameter(gate_up, requires_grad=False)
-                ex.down_proj = nn.Parameter(down, requires_grad=False)
+                tensors = ex.slot_tensors()
+                ex.set_slot_tensors(dict(zip(tensors, ep.shard(*tensors.values()), strict=True)))
             layer.mlp.ep = ep
             self.layers.append(ep)
 
@@ -134,9 +128,9 @@ class ExpertParallel:
             new = balanced_placement(load.tolist(), self.size, ep.placement.n_redundant)
             if new != ep.placement:
                 ex = layer.mlp.experts
-                gate_up, down = ep.rearrange(new, ex.gate_up_proj.data, ex.down_proj.data)
-                ex.gate_up_proj = nn.Parameter(gate_up, requires_grad=False)
-                ex.down_proj = nn.Parameter(down, requires_grad=False)
+                tensors = ex.slot_tensors()
+                moved = ep.rearrange(new, *tensors.values())
+                ex.set_slot_tensors(dict(zip(tensors, moved, strict=True)))
             out.append(new)
         return out
 
@@ -145,5 +139,5 @@ class ExpertParallel:
         return sum(
             t.numel() * t.element_size()
             for layer in self.model.model.layers
-            for t in (layer.mlp.experts.gate_up_proj, layer.mlp.experts.down_proj)
+            for t in layer.mlp.experts.slot_tensors().values()
         )

@@ -72,13 +72,11 @@ class ExpertParallelMoE:
         self._replicas = table
         self._copies = torch.tensor([len(r) for r in reps], dtype=torch.long)
 
-    def shard(self, gate_up: torch.Tensor, down: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """This rank's slots ([S, 2I, D], [S, D, I]) cut from the full expert tensors."""
+    def shard(self, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """This rank's slots cut from full per-expert tensors (each [E, ...]: gate_up [E, 2I, D]
+        and down [E, D, I], and for kept MXFP4 experts also their scale tensors)."""
         mine = torch.tensor(self.placement.rank_experts(self.rank), dtype=torch.long)
-        return (
-            gate_up.index_select(0, mine.to(gate_up.device)).contiguous(),
-            down.index_select(0, mine.to(down.device)).contiguous(),
-        )
+        return tuple(t.index_select(0, mine.to(t.device)).contiguous() for t in tensors)
 
     def _physical(self, idx: torch.Tensor) -> torch.Tensor:
         """Physical slot per (token, pick) [T, k]: an even round-robin over each expert's copies."""
@@ -137,11 +135,11 @@ class ExpertParallelMoE:
         routed = (picks.view(t, k, d) * wts.to(x.dtype).unsqueeze(-1)).sum(1)
         return routed + shared(x)
 
-    def rearrange(
-        self, new: Placement, gate_up: torch.Tensor, down: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Collective: this rank's slots under `new`, from its current ones (gate_up / down)
-        and whole experts sent by the ranks that held them."""
+    def rearrange(self, new: Placement, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """Collective: this rank's slots under `new`, from its current ones and whole experts
+        sent by the ranks that held them. tensors: the per-slot tensors ([S, ...] each, any
+        dtype: gate_up / down, and for kept MXFP4 experts their packed bytes and scales), moved
+        together as one row of bytes per slot, and returned in the same order."""
         old = self.placement
         if new.n_ranks != old.n_ranks or len(new.slot_expert) != len(old.slot_expert):
             raise ValueError("a rearrangement keeps the group size and the number of slots")
@@ -154,7 +152,7 @@ class ExpertParallelMoE:
             for e in new.rank_experts(dst):
                 if e not in had:
                     sends[holders[e][0] // per_rank][dst].append(e)
-        flat = torch.cat([gate_up.flatten(1), down.flatten(1)], 1)
+        flat = torch.cat([_slot_bytes(t) for t in tensors], 1)
         old_slot = {e: s for s, e in enumerate(old.rank_experts(self.rank))}
         out_rows = [old_slot[e] for dst in range(self.size) for e in sends[self.rank][dst]]
         send_splits = [len(sends[self.rank][dst]) for dst in range(self.size)]
@@ -172,9 +170,17 @@ class ExpertParallelMoE:
             for e in new.rank_experts(self.rank)
         ]
         new_flat = torch.stack(picked)
-        cut = gate_up[0].numel()
         self._set_placement(new)
-        return (
-            new_flat[:, :cut].reshape(-1, *gate_up.shape[1:]).contiguous(),
-            new_flat[:, cut:].reshape(-1, *down.shape[1:]).contiguous(),
-        )
+        out, at = [], 0
+        for t in tensors:
+            width = t[0].numel() * t.element_size()
+            part = new_flat[:, at : at + width].contiguous().view(t.dtype)
+            out.append(part.reshape(-1, *t.shape[1:]))
+            at += width
+        return tuple(out)
+
+
+def _slot_bytes(t: torch.Tensor) -> torch.Tensor:
+    """[S, ...] of any dtype as [S, bytes per slot] uint8 (a view of the same memory when t is
+    contiguous), so tensors of different dtypes travel in one exchange."""
+    return t.contiguous().view(t.shape[0], -1).view(torch.uint8)

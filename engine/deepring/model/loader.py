@@ -48,7 +48,8 @@ def keeps_quantised(quantised: str, device: torch.device) -> bool:
     kernels.quant_gemm GEMMs) or dequantise at load. auto: kept where the Triton kernels run
     (CUDA), where FP8 / FP4 is what lets the experts fit; dequantised on CPU, where plain GEMMs
     are faster. keep: kept, which on a CPU device needs Triton's interpreter (tests only).
-    A rank of an expert-parallel group keeps its dense layers only (load_model)."""
+    A rank of an expert-parallel group keeps its routed experts' slots as well (their scales
+    move with them: model.moe.Experts.slot_tensors)."""
     if quantised not in QUANTISED:
         raise ValueError(f"quantised must be one of {QUANTISED}, got {quantised!r}")
     runs = triton_runs_on(device)
@@ -110,9 +111,7 @@ def load_model(
     if experts is not None and load_format != "dummy":
         _expert_rows(net, list(experts))
     if keep:
-        # A rank of an expert-parallel group cuts and moves expert rows (gate_up / down), not
-        # yet their scales: its routed experts dequantise, its dense layers stay kept.
-        keep_quantised(net, path, routed=experts is None)
+        keep_quantised(net, path)
     net.to_empty(device="cpu")
     if load_format == "dummy":
         init_dummy_weights(net, seed)
@@ -147,12 +146,13 @@ def _expert_rows(net: DeepseekV4, experts: list[int]) -> None:
     rows = torch.tensor(experts, dtype=torch.long)
     for layer in net.model.layers:
         ex = layer.mlp.experts
-        for name in ("gate_up_proj", "down_proj"):
-            t = getattr(ex, name).data
+        cuts = {}
+        for name, t in ex.slot_tensors().items():  # (kept MXFP4 experts: their scales too)
             cut = torch.empty(len(experts), *t.shape[1:], dtype=t.dtype, device=t.device)
             if t.device.type != "meta":
                 cut = t.index_select(0, rows.to(t.device))
-            setattr(ex, name, nn.Parameter(cut, requires_grad=False))
+            cuts[name] = cut
+        ex.set_slot_tensors(cuts)
 
 
 def _load_v41(config, path, load_format, seed, dtype, device, progress, keep) -> LoadedModel:

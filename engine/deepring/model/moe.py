@@ -63,6 +63,24 @@ class Experts(nn.Module):
             self.register_buffer(scale_leaf, scale)
         self.quant = ("mxfp4", MXFP4_GROUP)
 
+    def slot_tensors(self) -> dict[str, torch.Tensor]:
+        """The per-expert tensors ([E, ...] each) by attribute name: gate_up and down, and for
+        experts kept in MXFP4 (packed bytes in those two) their scales, which must move with
+        their rows (an expert-parallel rank's shard and rearrangement, a rank's load)."""
+        names = ["gate_up_proj", "down_proj"]
+        if self.quant is not None:
+            names += ["gate_up_scale", "down_scale"]
+        return {n: getattr(self, n).data for n in names}
+
+    def set_slot_tensors(self, tensors: dict[str, torch.Tensor]) -> None:
+        """Replace per-expert tensors (slot_tensors' names): parameters stay frozen
+        parameters, buffers (kept MXFP4 bytes and scales) stay buffers."""
+        for name, t in tensors.items():
+            if name in self._parameters:
+                setattr(self, name, nn.Parameter(t, requires_grad=False))
+            else:
+                setattr(self, name, t)
+
 
 class SharedMLP(nn.Module):
     """Clamped SwiGLU, the same activation as the routed experts."""

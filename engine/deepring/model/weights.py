@@ -217,19 +217,18 @@ def keep_quantised(
     model: nn.Module,
     path: Path,
     rename: Callable[[str], str] = canonical_name,
-    routed: bool = True,
 ) -> int:
     """Lay out the backbone's layers whose weights the checkpoint at `path` stores quantised
     (`rename`: checkpoint key -> the model's name) to hold them as they are: a Linear keeps FP8
     or MXFP4, a V4 Experts module MXFP4 (model.linear, model.moe). Call it before the model's
     memory is allocated (on the meta device). Layers whose module cannot keep the format, or
-    that read their weight directly (`quantisable` False), still load dequantised, and so do
-    the routed experts unless `routed`. Returns how many modules now hold quantised weights."""
+    that read their weight directly (`quantisable` False), still load dequantised. Returns how
+    many modules now hold quantised weights."""
     block = _fp8_block(path)
     kept = 0
     for key, fmt in quantised_weights(path).items():
         name = rename(key)
-        if not _BACKBONE.match(name) or (not routed and _EXPERT.match(name)):
+        if not _BACKBONE.match(name):
             continue
         module = _module_of(model, name)
         if module is None:  # an unknown name: load_checkpoint's error to report
