@@ -12,7 +12,8 @@ fewer cores than ranks this measures the collectives' overhead, not a speed-up),
 load-balance factor (mean over steps and layers of max / mean tokens per rank) on the static
 placement during the warm-up ("static") and after the rebalance ("balance"; 1.0 is perfect,
 DeepSeek reports 1.090 for decode), and the routed-expert and
-replicated weight memory per rank.
+replicated weight memory per rank, and each rank's share of the routed picks over the measured
+steps (after the rebalance).
 
 Targets: balance factor <= 1.10 with redundancy on the skewed trace; routed-expert memory per
 rank = (E + K) / N slots of the E experts' total.
@@ -125,11 +126,19 @@ def _rank(rank: int, n: int, k: int, port: int, args, out: str) -> None:
                     "expert_mib": ep.expert_bytes() / 2**20,
                     "full_expert_mib": full_expert_bytes / 2**20,
                     "replicated_mib": (all_bytes - full_expert_bytes) / 2**20,
+                    # Picks each rank's experts served over the measured steps, all layers.
+                    "rank_load": [sum(row[r] for row in ep.step_loads) for r in range(n)],
                 },
                 out,
             )
     finally:
         dist.destroy_process_group()
+
+
+def _shares(load: list[int]) -> str:
+    """Each rank's share of the picks, in percent (the spread behind the balance factor)."""
+    total = sum(load) or 1
+    return " / ".join(f"{100 * x / total:.1f}" for x in load)
 
 
 def _port() -> int:
@@ -153,7 +162,7 @@ def main() -> int:
     )
     print(
         f"{'EP':>3} {'K':>3} {'tok/s':>9} {'static':>7} {'balance':>8} {'experts MiB/rank':>17} "
-        f"{'(of full)':>10} {'replicated MiB':>15}"
+        f"{'(of full)':>10} {'replicated MiB':>15}  per-rank load (% of picks)"
     )
     failures = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -165,7 +174,7 @@ def main() -> int:
             print(
                 f"{n:>3} {k:>3} {r['tok_s']:>9.0f} {r['static']:>7.3f} {r['balance']:>8.3f} "
                 f"{r['expert_mib']:>17.2f} "
-                f"{share:>10.3f} {r['replicated_mib']:>15.2f}"
+                f"{share:>10.3f} {r['replicated_mib']:>15.2f}  {_shares(r['rank_load'])}"
             )
             if abs(share - (e + k) / n / e) > 1e-9:
                 failures.append(f"EP{n} K{k}: expert share {share:.3f} != (E+K)/N/E")
