@@ -226,17 +226,17 @@ class OnlineCalibration:
         self.samples: deque[tuple[list[float], int, int]] = deque(maxlen=self.KEEP)
         self.new = 0
         self.fits = 0
-        self._due = min(self.FIRST, self.REFIT)  # new samples before the next fit
 
     def add(self, conf: list[float], verified: int, accepted: int) -> None:
         self.samples.append((conf[: self.length], verified, accepted))
         self.new += 1
-        if self.new < self._due:
+        # Fit k (k >= 1) came at FIRST * 2^(k-1) samples in all: the next when that many
+        # more arrived.
+        due = min(self.FIRST * 2 ** max(self.fits - 1, 0), self.REFIT)
+        if self.new < due:
             return
         self.new = 0
         self.fits += 1
-        # Fit k came at FIRST * 2^(k-1) samples in all: the next when that many more arrived.
-        self._due = min(self.FIRST * 2 ** (self.fits - 1), self.REFIT)
         z = torch.tensor([c for c, _, _ in self.samples], dtype=torch.float32)
         g = torch.arange(z.shape[1])
         ver = torch.tensor([v for _, v, _ in self.samples])[:, None]

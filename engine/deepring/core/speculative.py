@@ -158,7 +158,7 @@ class SpecRunner:
         else:
             plain = self.step_times.predict((1.0, seqs, 0.0))
             extra = self.step_times.predict((1.0, seqs, most))
-            sps = StepsPerSecond([(seqs, plain), (seqs + most, max(extra, plain))])
+            sps = StepsPerSecond([(seqs, plain), (seqs + most, extra)])
         lengths = schedule(
             [r.survival for r in reqs], lambda b: sps(b + others), [len(r.drafts) for r in reqs]
         )

@@ -80,8 +80,7 @@ class ExpertParallel:
                             f"placement gives this rank {p.slots_per_rank}"
                         )
             else:
-                tensors = ex.slot_tensors()
-                ex.set_slot_tensors(dict(zip(tensors, ep.shard(*tensors.values()), strict=True)))
+                ex.keep_slots(p.rank_experts(self.rank))
             layer.mlp.ep = ep
             self.layers.append(ep)
 

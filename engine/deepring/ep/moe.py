@@ -72,12 +72,6 @@ class ExpertParallelMoE:
         self._replicas = table
         self._copies = torch.tensor([len(r) for r in reps], dtype=torch.long)
 
-    def shard(self, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        """This rank's slots cut from full per-expert tensors (each [E, ...]: gate_up [E, 2I, D]
-        and down [E, D, I], and for kept MXFP4 experts also their scale tensors)."""
-        mine = torch.tensor(self.placement.rank_experts(self.rank), dtype=torch.long)
-        return tuple(t.index_select(0, mine.to(t.device)).contiguous() for t in tensors)
-
     def _physical(self, idx: torch.Tensor) -> torch.Tensor:
         """Physical slot per (token, pick) [T, k]: an even round-robin over each expert's copies."""
         flat = idx.reshape(-1).cpu()

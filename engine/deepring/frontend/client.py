@@ -87,7 +87,7 @@ class EngineClient:
         # Told (worker id, pid) when a worker is declared dead for missed heartbeats: the
         # supervisor (launcher.py) kills a silent expert-parallel rank, whose group cannot step
         # without it. Other workers are only dropped: a frozen one re-registers when it thaws.
-        self.on_silent: Callable[[str, int | None], None] | None = None
+        self.on_silent: Callable[[str, int], None] | None = None
 
     # ---- life cycle ----------------------------------------------------------------------------
 

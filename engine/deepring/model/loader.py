@@ -143,16 +143,8 @@ def load_model(
 def _expert_rows(net: DeepseekV4, experts: list[int]) -> None:
     """Every backbone MoE layer's routed experts cut to `experts` (on the meta device: only
     the shapes change, and nothing is allocated until to_empty)."""
-    rows = torch.tensor(experts, dtype=torch.long)
     for layer in net.model.layers:
-        ex = layer.mlp.experts
-        cuts = {}
-        for name, t in ex.slot_tensors().items():  # (kept MXFP4 experts: their scales too)
-            cut = torch.empty(len(experts), *t.shape[1:], dtype=t.dtype, device=t.device)
-            if t.device.type != "meta":
-                cut = t.index_select(0, rows.to(t.device))
-            cuts[name] = cut
-        ex.set_slot_tensors(cuts)
+        layer.mlp.experts.keep_slots(experts)  # (kept MXFP4 experts: their scales too)
 
 
 def _load_v41(config, path, load_format, seed, dtype, device, progress, keep) -> LoadedModel:

@@ -6,6 +6,8 @@ the backend for the device) is kernels.moe's `moe_layer`.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 from torch import nn
 
@@ -71,6 +73,18 @@ class Experts(nn.Module):
         if self.quant is not None:
             names += ["gate_up_scale", "down_scale"]
         return {n: getattr(self, n).data for n in names}
+
+    def keep_slots(self, experts: Sequence[int]) -> None:
+        """Keep only `experts`' rows, in that order, of every per-expert tensor (a rank's
+        slots; on the meta device only the shapes change and nothing is allocated)."""
+        rows = torch.tensor(experts, dtype=torch.long)
+        cuts = {}
+        for name, t in self.slot_tensors().items():
+            if t.device.type == "meta":
+                cuts[name] = torch.empty(len(experts), *t.shape[1:], dtype=t.dtype, device=t.device)
+            else:
+                cuts[name] = t.index_select(0, rows.to(t.device))
+        self.set_slot_tensors(cuts)
 
     def set_slot_tensors(self, tensors: dict[str, torch.Tensor]) -> None:
         """Replace per-expert tensors (slot_tensors' names): parameters stay frozen

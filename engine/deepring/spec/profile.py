@@ -232,7 +232,8 @@ class LinearTimes:
             if (cand < 0).any():
                 continue
             res = float(np.sum((a @ cand - b) ** 2))
-            # (a strictly smaller residual: among equals, the fewer features tried first)
+            # (only a strictly smaller residual replaces the best: among equal ones the first
+            # subset tried stays, the empty one before any other)
             if best == math.inf or res < best * (1.0 - 1e-12):
                 best, coef = res, cand
         return tuple(float(c) for c in coef)
