@@ -209,10 +209,11 @@ class OnlineCalibration:
     When: after FIRST request-steps, then at twice as many each time up to REFIT, then every
     REFIT new ones. A survival that is wrong from the start costs every step until the first
     fit (tiny-trained's checkpoint temperatures put draft 4's survival at 0.19 where 0.52 of
-    them survive on the bench's text, so the scheduler cut drafts that would have been
-    accepted and rested the drafter), so the first fit comes early; a position keeps its
-    temperature until MIN_SAMPLES outcomes tested it (the later positions are tested only
-    when every draft before them survived, so early fits see few of them)."""
+    them survived on bench/speculative.py's prompts, read by an ad-hoc script, so the
+    scheduler cut drafts that would have been accepted and rested the drafter), so the first
+    fit comes early; a position keeps its temperature until MIN_SAMPLES outcomes tested it
+    (the later positions are tested only when every draft before them survived, so early fits
+    see few of them)."""
 
     FIRST = 32
     REFIT = 256

@@ -169,7 +169,8 @@ class LinearTimes:
     Why measured online and not only profiled at start-up: the profile is a few steps of a few
     requests, timed once; on a shared CPU it came out 2x off in both directions between runs
     (a 9 ms step profiled at 17.5 ms), and its per-request part, read at 4 requests, predicted
-    72 ms for a 32-request step that took 28-39. The running engine times every decode step it
+    72 ms for a 32-request step that took 28-39 (an ad-hoc diagnostic script on tiny-trained,
+    2-core dev machine, not a bench). The running engine times every decode step it
     takes, at the batch it actually has; the prior keeps the directions the traffic does not
     vary (a steady batch of 32 says nothing about the fixed part alone) where the profile put
     them."""
