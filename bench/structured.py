@@ -6,14 +6,17 @@ interpreter: does it pull in torch? the frontend must stay torch-free), the toke
 the compile of a few JSON Schemas cold and cached, and the per-token mask time along a document
 of each schema (median and p99 over its tokens).
 
-Part 2 (`--decode`, on by default): offline `LLM` on the embedded tiny model, greedy, at each
-batch size: the same prompts unconstrained and with a JSON Schema on every request (one whose
-shortest document is longer than the run, so every step is constrained), generated tokens /
-wall time and the ratio (target >= 0.9 at batch 32), with the mask time per step (what the
-helper thread computed, and what the step waited for after the model).
+Part 2 (`--decode`, on by default): offline `LLM` on an embedded model (`--model`: `tiny`,
+random weights, whose argmax a grammar refuses at most steps, so nearly every row needs its
+mask; `tiny-trained`, whose argmax it mostly allows), greedy, at each batch size: the same
+prompts unconstrained and with a JSON Schema on every request (one whose shortest document is
+longer than the run, so every step is constrained), generated tokens / wall time (median over
+interleaved pairs) and the median of the pairs' ratios (target >= 0.9 at batch 32), with the
+mask time per step (what the helper thread computed, and what the step waited for after the
+model).
 
-Usage: python bench/structured.py [--batch-sizes 1,32] [--new-tokens 48] [--no-libs]
-                                  [--no-decode] [--threads N]
+Usage: python bench/structured.py [--model tiny] [--batch-sizes 1,32] [--new-tokens 48]
+                                  [--repeats 6] [--no-libs] [--no-decode] [--threads N]
 """
 
 from __future__ import annotations
@@ -237,9 +240,9 @@ def bench_decode(args) -> None:
 
     os.environ.setdefault("DEEPRING_GREEDY_HEAD", "bf16")
     head = os.environ["DEEPRING_GREEDY_HEAD"]
-    print(f"\n## decode, tiny model, greedy (DEEPRING_GREEDY_HEAD={head})")
+    print(f"\n## decode, {args.model}, greedy (DEEPRING_GREEDY_HEAD={head})")
     llm = LLM(
-        "tiny",
+        args.model,
         device="cpu",
         max_num_seqs=max(args.batch_sizes),
         max_model_len=args.prompt_len + args.new_tokens + 8,
@@ -261,10 +264,14 @@ def bench_decode(args) -> None:
         llm.generate(
             prompts[:1], SamplingParams(temperature=0, max_tokens=4), constraints=constraint
         )
-        rates = []
-        for c in (None, constraint):
-            best = 0.0
-            for _ in range(args.repeats):
+        # Interleaved pairs (the machine drifts ~10% between minutes): each pair runs both, in
+        # alternating order, and the ratio reported is the median of the pairs' ratios.
+        rates: dict[bool, list[float]] = {False: [], True: []}
+        compute = wait = 0.0
+        steps = 0
+        for r in range(args.repeats):
+            for constrained in (False, True) if r % 2 == 0 else (True, False):
+                c = constraint if constrained else None
                 masks = llm.engine.runner.masks
                 before = (masks.compute_seconds, masks.seconds, masks.steps) if masks else (0, 0, 0)
                 t = time.perf_counter()
@@ -273,14 +280,16 @@ def bench_decode(args) -> None:
                 n = sum(len(o.token_ids) for o in outs)
                 if c is not None and any(o.finish_reason != "length" for o in outs):
                     raise RuntimeError("a constrained output ended early: the schema is too short")
-                best = max(best, n / dt)
-            rates.append(best)
-            if c is not None:
-                m = llm.engine.runner.masks
-                steps = max(1, m.steps - before[2])
-                compute = (m.compute_seconds - before[0]) / steps
-                wait = (m.seconds - before[1]) / steps
-        ratio = rates[1] / rates[0]
+                rates[constrained].append(n / dt)
+                if c is not None:
+                    m = llm.engine.runner.masks
+                    steps += m.steps - before[2]
+                    compute += m.compute_seconds - before[0]
+                    wait += m.seconds - before[1]
+        compute /= max(1, steps)
+        wait /= max(1, steps)
+        ratio = statistics.median(c / u for u, c in zip(rates[False], rates[True], strict=True))
+        rates = [statistics.median(rates[False]), statistics.median(rates[True])]
         flag = (
             ""
             if b != 32
@@ -295,9 +304,10 @@ def bench_decode(args) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--batch-sizes", default="1,32")
+    ap.add_argument("--model", default="tiny")
     ap.add_argument("--prompt-len", type=int, default=16)
     ap.add_argument("--new-tokens", type=int, default=48)
-    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--repeats", type=int, default=6, help="interleaved pairs per case")
     # One torch thread by default: on a shared 2-core machine a second OpenMP thread turns every
     # vocabulary-sized op into a scheduling lottery (a 129k fill took 16 ms instead of 30 us).
     ap.add_argument("--threads", type=int, default=1, help="torch threads (0: torch's default)")

@@ -95,6 +95,9 @@ TINY_V41: dict = {
         "patch_size": 14,
         "downsample_ratio": 3,
         "max_image_tokens": 16,
+        "depth": 1,
+        "num_heads": 2,
+        "intermediate_size": 16,
     },
     "quantization_config": v41_quantization(),
 }

@@ -1,6 +1,6 @@
 """Content inside a request body that serving cannot honour, refused with a 400 naming where it
 is, instead of what the official library does with it: images become "[Unsupported Image]" (or
-image tokens no served model can read: there is no vision encoder), files and documents become
+image tokens the engine does not yet fill from a vision encoder), files and documents become
 "[Unsupported Document]" placeholders, and Responses drops tool kinds and input items it does
 not know (web_search, file_search, apply_patch, item_reference, ...).
 
@@ -51,7 +51,9 @@ _EVERYDAY = {
     },
 }  # fmt: skip
 
-_NO_VISION = "image input is not supported: the served model has no vision encoder"
+_NO_VISION = (
+    "image input is not supported: this server does not feed images to a vision encoder yet"
+)
 _NO_FILES = (
     "file input is not supported: the served model reads text only (send the "
     "file's text as text content)"

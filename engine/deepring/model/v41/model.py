@@ -31,6 +31,7 @@ from deepring.model.v41.attention import StepShare, V41Attention
 from deepring.model.v41.config import V41Config
 from deepring.model.v41.kvquant import KVCodec
 from deepring.model.v41.layer import V41Block, V41MoE
+from deepring.model.v41.vision import Aligner, VisionConfig, VisionTower, embed_images
 from deepring.model.v41.vocab import compressed_vocabulary
 
 
@@ -92,6 +93,26 @@ class DeepseekV41(nn.Module):
         self.decoder_keep = env.v41_keep()
         self._rope: RopeTables | None = None
         self._greedy = GreedyArgmax()
+        # The vision tower, under its checkpoint names (model.v41.vision); a checkpoint
+        # without its tensors drops it (drop_vision) and the model serves text only.
+        self.vision_config = VisionConfig.from_dict(config.vision, config.hidden_size)
+        if self.vision_config is not None:
+            self.vision = VisionTower(self.vision_config)
+            self.aligner = Aligner(self.vision_config)
+            for name in ("image_start", "image_newline", "image_end"):
+                setattr(self, name, nn.Parameter(torch.zeros(config.hidden_size)))
+
+    def drop_vision(self) -> None:
+        if self.vision_config is not None:
+            del self.vision, self.aligner, self.image_start, self.image_newline, self.image_end
+            self.vision_config = None
+
+    def embed_images(self, images: list[tuple[torch.Tensor, int, int]]) -> list[torch.Tensor]:
+        """Each image's prompt-span embeddings (model.v41.vision.embed_images)."""
+        if self.vision_config is None:
+            raise ValueError("this model has no vision tower")
+        special = (self.image_start, self.image_newline, self.image_end)
+        return embed_images(self.vision, self.aligner, special, images)
 
     # How many tokens before a chunk's start the forward reads (SeqChunk.context): Engram's
     # longest n-gram reaches max_ngram_size - 1 tokens back.

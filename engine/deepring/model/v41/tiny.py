@@ -76,7 +76,16 @@ V41_TINY_CONFIG: dict = {
         "dspark_num_experts_per_tok": 1,
         "tie_word_embeddings": False,
     },
-    "vision_config": {"hidden_size": 64, "patch_size": 14, "downsample_ratio": 3},
+    # A two-block tower (V4.1-Flash's: 32 blocks, 16 heads, SwiGLU 2816; model.v41.vision).
+    "vision_config": {
+        "hidden_size": 64,
+        "patch_size": 14,
+        "downsample_ratio": 3,
+        "max_image_tokens": 1024,
+        "depth": 2,
+        "num_heads": 4,
+        "intermediate_size": 128,
+    },
     "quantization_config": v41_quantization(),
 }
 

@@ -10,7 +10,8 @@ Flash: quantization_config.weight_block_size) and MXFP4 experts are dequantised 
 load (model.weights.checkpoint_tensors, model.quant), or kept as they are in the backbone's
 layers laid out for them (model.weights.keep_quantised: each expert is its own Linear, so
 every kept layer runs model.linear's quantised GEMM). DSpark tensors (`mtp.*`) are optional as
-a group.
+a group, and so are the vision tower's (`vision.*`, `aligner.*`, `image_start` / `image_newline` /
+`image_end`): a checkpoint without them is served text only.
 """
 
 from __future__ import annotations
@@ -31,7 +32,8 @@ def keep_fp32(name: str) -> bool:
     parts = name.split(".")
     if parts[-1].startswith(("hc_attn_", "hc_ffn_")) or parts[-1] in _FP32_LEAVES:
         return True
-    return len(parts) >= 2 and parts[-1] == "weight" and parts[-2].endswith("norm")
+    # (the vision tower's norms are norm1 / norm2)
+    return len(parts) >= 2 and parts[-1] == "weight" and parts[-2].rstrip("12").endswith("norm")
 
 
 def cast_for_inference(model: nn.Module, dtype: torch.dtype) -> None:
@@ -41,8 +43,16 @@ def cast_for_inference(model: nn.Module, dtype: torch.dtype) -> None:
             p.data = p.data.to(target)
 
 
+_VISION_PREFIXES = ("vision.", "aligner.", "image_start", "image_newline", "image_end")
+
+
+def is_vision(name: str) -> bool:
+    return name.startswith(_VISION_PREFIXES)
+
+
 def load_v41_checkpoint(model: nn.Module, path: str | Path, progress: bool = True) -> bool:
-    """Fill `model` from the safetensors at `path`; returns whether DSpark tensors were there."""
+    """Fill `model` from the safetensors at `path`; returns whether DSpark tensors were there.
+    Without vision tensors the model's tower is dropped (DeepseekV41.drop_vision)."""
     path = Path(path)
     targets = dict(model.named_parameters())
     targets.update(kept_tensors(model))
@@ -61,43 +71,63 @@ def load_v41_checkpoint(model: nn.Module, path: str | Path, progress: bool = Tru
         _assign(targets[name], tensor, name, seen)
     mtp = {n for n in targets if n.startswith("mtp.")}
     has_mtp = bool(seen & mtp)
-    missing = sorted(set(targets) - seen - (set() if has_mtp else mtp))
+    vision = {n for n in targets if is_vision(n)}
+    has_vision = bool(seen & vision)
+    optional = (set() if has_mtp else mtp) | (set() if has_vision else vision)
+    missing = sorted(set(targets) - seen - optional)
     if missing:
         raise ValueError(f"checkpoint at {path} lacks {len(missing)} tensors, e.g. {missing[:5]}")
     if unexpected:
         raise ValueError(f"checkpoint at {path} has unexpected tensors, e.g. {unexpected[:5]}")
+    if not has_vision and hasattr(model, "drop_vision"):
+        model.drop_vision()
     return has_mtp
 
 
 def init_dummy_v41(model: nn.Module, seed: int = 0) -> None:
     """Seeded random weights that exercise every mechanism: unit-gain projections, non-zero
-    sinks, HC bases and routing biases, norm weights near one."""
-    gen = torch.Generator().manual_seed(seed)
+    sinks, HC bases and routing biases, norm weights near one. The vision tower draws from its
+    own generator, after the rest: the language model's weights do not depend on it."""
+    params = sorted(model.named_parameters(), key=lambda kv: kv[0])
+    text = [(n, p) for n, p in params if not is_vision(n)]
+    vision = [(n, p) for n, p in params if is_vision(n)]
+    with torch.no_grad():
+        for group, gen in ((text, torch.Generator().manual_seed(seed)),
+                           (vision, torch.Generator().manual_seed(seed + 1))):  # fmt: skip
+            _init_dummy(group, gen)
 
+
+def _init_dummy(params: list, gen: torch.Generator) -> None:
     def normal(shape: torch.Size, std: float, mean: float = 0.0) -> torch.Tensor:
         return torch.randn(shape, generator=gen, dtype=torch.float32) * std + mean
 
-    with torch.no_grad():
-        for name, p in sorted(model.named_parameters(), key=lambda kv: kv[0]):
-            leaf = name.rsplit(".", 1)[-1]
-            parent = name.rsplit(".", 2)[-2] if name.count(".") else ""
-            if name == "embed.weight" or name.endswith("engram.embed.weight"):
-                v = normal(p.shape, 1.0)
-            elif leaf.endswith("_fn"):
-                v = normal(p.shape, 0.02)
-            elif leaf.endswith("_base"):
-                v = normal(p.shape, 0.5)
-            elif leaf.endswith("_scale"):
-                v = 0.5 + torch.rand(p.shape, generator=gen)
-            elif leaf in ("attn_sink", "bias", "bias_vl"):
-                v = normal(p.shape, 0.5)
-            elif leaf in ("q_weight", "k_weight"):
-                v = normal(p.shape, 0.3, mean=1.0)
-            elif parent.endswith("norm"):
+    for name, p in params:
+        leaf = name.rsplit(".", 1)[-1]
+        parent = name.rsplit(".", 2)[-2] if name.count(".") else ""
+        if is_vision(name):  # the ViT's norms are norm1 / norm2; small biases
+            if parent.rstrip("12").endswith("norm"):
                 v = normal(p.shape, 0.1, mean=1.0)
-            else:  # linear weights [out, in], the router, the Markov tables
+            elif leaf == "bias":
+                v = normal(p.shape, 0.02)
+            else:
                 v = normal(p.shape, 1 / math.sqrt(p.shape[-1]))
-            p.copy_(v.to(p.dtype))
+        elif name == "embed.weight" or name.endswith("engram.embed.weight"):
+            v = normal(p.shape, 1.0)
+        elif leaf.endswith("_fn"):
+            v = normal(p.shape, 0.02)
+        elif leaf.endswith("_base"):
+            v = normal(p.shape, 0.5)
+        elif leaf.endswith("_scale"):
+            v = 0.5 + torch.rand(p.shape, generator=gen)
+        elif leaf in ("attn_sink", "bias", "bias_vl"):
+            v = normal(p.shape, 0.5)
+        elif leaf in ("q_weight", "k_weight"):
+            v = normal(p.shape, 0.3, mean=1.0)
+        elif parent.endswith("norm"):
+            v = normal(p.shape, 0.1, mean=1.0)
+        else:  # linear weights [out, in], the router, the Markov tables
+            v = normal(p.shape, 1 / math.sqrt(p.shape[-1]))
+        p.copy_(v.to(p.dtype))
 
 
 def save_v41_checkpoint(
