@@ -111,17 +111,20 @@ class ReferenceV41:
         u = x @ self.w[f"{p}.w3.weight"].T
         return (F.silu(g.clamp(max=lim)) * u.clamp(-lim, lim)) @ self.w[f"{p}.w2.weight"].T
 
-    def _moe(self, p: str, x: torch.Tensor, top_k: int) -> torch.Tensor:
+    def _moe(self, p: str, x: torch.Tensor, top_k: int, image: list[bool]) -> torch.Tensor:
         scores = torch.sqrt(F.softplus(x @ self.w[f"{p}.gate.weight"].T))
         out = self._expert(f"{p}.shared_experts", x)
         for t in range(x.shape[0]):
-            chosen = (scores[t] + self.w[f"{p}.gate.bias"]).topk(top_k).indices
+            # Image tokens are routed with their own bias (the V4.1 report's modality-specific
+            # load balancing; DeepInfer's gate takes bias_vl for them).
+            bias = self.w[f"{p}.gate.bias_vl" if image[t] else f"{p}.gate.bias"]
+            chosen = (scores[t] + bias).topk(top_k).indices
             wts = scores[t, chosen] / scores[t, chosen].sum() * self.t["routed_scaling_factor"]
             for e, wt in zip(chosen.tolist(), wts, strict=True):
                 out[t] = out[t] + wt * self._expert(f"{p}.experts.{e}", x[t : t + 1])[0]
         return out
 
-    def _engram(self, layer: int, R: torch.Tensor, tokens: list[int]) -> torch.Tensor:
+    def _engram(self, layer: int, R: torch.Tensor, tokens: list[int], image: list[bool]):
         t = self.t
         primes, mults = self.engram_tables[layer]  # [orders][heads], [max_ngram]
         pad = t["engram_pad_token_id"]
@@ -139,9 +142,14 @@ class ReferenceV41:
             parts = []
             for o, per in enumerate(primes):
                 n = o + 2
-                h = 0
+                h, seen = 0, False
                 for j in range(n):
                     tok = tokens[i - j] if i - j >= 0 else pad
+                    # An image token ends the n-gram: it and all before it read as the pad
+                    # (DeepInfer's gather_engram_tokens reference: the image sentinel).
+                    seen = seen or (i - j >= 0 and image[i - j])
+                    if seen:
+                        tok = pad
                     if lookup is not None:
                         tok = lookup[tok]
                     h ^= tok * int(mults[j])
@@ -155,6 +163,7 @@ class ReferenceV41:
         kn = _rms(keys, None, self.eps) * self.w[f"layers.{layer}.engram.k_weight"]
         dot = (qn * kn).sum(-1) / math.sqrt(d)
         gate = torch.sigmoid(torch.sign(dot) * torch.sqrt(dot.abs().clamp(min=1e-6)))
+        gate = gate * torch.tensor([0.0 if im else 1.0 for im in image], dtype=gate.dtype)[:, None]
         return R + gate[..., None] * value[:, None]
 
     # ---- attention ---------------------------------------------------------------------------
@@ -260,8 +269,9 @@ class ReferenceV41:
     # ---- the model -------------------------------------------------------------------------
 
     def logits(
-        self, tokens: list[int], decoder_floor: int = 0, replay: tuple[int, int] | None = None
-    ) -> torch.Tensor:
+        self, tokens: list[int], decoder_floor: int = 0, replay: tuple[int, int] | None = None,
+        embeds: dict[int, torch.Tensor] | None = None,
+    ) -> torch.Tensor:  # fmt: skip
         """[len(tokens), vocab] fp64 logits of every position. decoder_floor: the decoder's
         bounded replay (DeepInfer's `mask` mode): a decoder query at or after it sees window
         keys at or after it only (rows before it are computed but meaningless).
@@ -269,14 +279,24 @@ class ReferenceV41:
         replay = (floor, hit): SWA bounded replay after a prefix hit without a ring (V4.1
         report §3.2): the global KV of the first `hit` tokens is the cached one (computed by a
         full run), every layer's window restarts at `floor` (queries at or after it see keys
-        at or after it), the replayed tokens regenerate only the windows."""
+        at or after it), the replayed tokens regenerate only the windows.
+
+        embeds: position -> input embedding of each image token (ids >= the vocabulary); those
+        tokens take no Engram memory and route with the image bias."""
         self.decoder_floor, self.replay_floor, self.replay_cached = decoder_floor, 0, None
         if replay is not None:
-            self.logits(tokens, decoder_floor)
+            self.logits(tokens, decoder_floor, embeds=embeds)
             self.replay_floor, self.replay_cached = replay[0], (replay[1], self._st)
         t, w = self.t, self.w
         hc = t["hc_mult"]
-        x = w["embed.weight"][torch.tensor(tokens)]
+        vocab = w["embed.weight"].shape[0]
+        image = [tok >= vocab for tok in tokens]
+        if sorted((embeds or {}).keys()) != [i for i, im in enumerate(image) if im]:
+            raise ValueError("embeds must give exactly the image tokens' embeddings")
+        x = torch.stack([
+            embeds[i].to(torch.float64) if im else w["embed.weight"][tok]
+            for i, (tok, im) in enumerate(zip(tokens, image, strict=True))
+        ])  # fmt: skip
         R = x[:, None].repeat(1, hc, 1)
         pre = torch.zeros(len(tokens), hc, dtype=torch.float64)
         pre[:, 0] = 1  # the first sublayer reads stream 0
@@ -286,14 +306,14 @@ class ReferenceV41:
         for layer in range(self.L):
             lp = f"layers.{layer}"
             if layer in engram_layers:
-                R = self._engram(layer, R, tokens)
+                R = self._engram(layer, R, tokens, image)
             for part in ("attn", "ffn"):
                 nxt, post, comb = self._mixes(f"{lp}.hc_{part}", R)
                 xin = _rms((pre[..., None] * R).sum(1), w[f"{lp}.{part}_norm.weight"], self.eps)
                 if part == "attn":
                     f = self._attention(layer, xin, st)
                 else:
-                    f = self._moe(f"{lp}.ffn", xin, t["num_experts_per_tok"])
+                    f = self._moe(f"{lp}.ffn", xin, t["num_experts_per_tok"], image)
                 R = post[..., None] * f[:, None] + torch.einsum("tmn,tmd->tnd", comb, R)
                 pre = nxt  # shifted: this sublayer's pre mix feeds the next one
         y = _rms((pre[..., None] * R).sum(1), w["norm.weight"], self.eps)

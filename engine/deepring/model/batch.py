@@ -44,6 +44,10 @@ class SeqChunk:
     # V4.1's decoder SWA bounded replay: the first position the decoder layers compute (the
     # prompt's last KEEP tokens; rows before it stop at the encoder). V4 never reads it.
     decoder_from: int = 0
+    # V4.1 images: (row in token_ids, embeddings [k, hidden]) for the rows of image spans in
+    # this chunk (their ids are model.v41.vision's span ids, outside the vocabulary); the
+    # embedding layer takes these instead. V4 refuses them.
+    embeds: list = field(default_factory=list)
 
 
 @dataclass
@@ -95,6 +99,8 @@ class ForwardBatch:
     # (tail_kv, tail_gate, kv rows, gate rows) of this step, so the tail rows of accepted
     # positions that a rejected one overwrote can be put back.
     capture: list | None = None
+    # V4.1: which rows are image tokens (None: none in this step; model.v41.model sets it).
+    image_mask: torch.Tensor | None = None
     _plans: dict[tuple, object] = field(default_factory=dict)
 
     @classmethod

@@ -128,6 +128,8 @@ class DeepseekV4(nn.Module):
         """One step. `greedy=True` returns the argmax tokens of the logits rows instead of the
         logits (cheaper: the logits never exist in full). taps: layers whose output streams,
         averaged, come back for every row (StepOutput.taps)."""
+        if any(ch.embeds for ch in batch.chunks):
+            raise ValueError("DeepSeek V4 has no vision tower: a chunk carries image embeddings")
         ids = batch.input_ids
         x = self.model.embed_tokens(ids)
         h = x.unsqueeze(1).expand(-1, self.config.hc_mult, -1).contiguous()

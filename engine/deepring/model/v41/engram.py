@@ -89,8 +89,11 @@ class Engram(nn.Module):
         per_order = torch.stack(cols, 1).repeat_interleave(self.cfg.n_heads, dim=1)
         return per_order % self.primes + self.offsets
 
-    def forward(self, h: torch.Tensor, ngram_ids: torch.Tensor) -> torch.Tensor:
-        """h [T, hc, D] streams -> streams with the gated n-gram memory added."""
+    def forward(
+        self, h: torch.Tensor, ngram_ids: torch.Tensor, image: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """h [T, hc, D] streams -> streams with the gated n-gram memory added; image rows
+        ([T] bool) take none (DeepInfer's gate masks image tokens)."""
         rows = self.rows(ngram_ids.cpu())
         emb = self.embed.weight[rows.reshape(-1)]  # gathered in host memory
         emb = emb.view(rows.shape[0], -1).to(device=h.device, dtype=self.wkv.weight.dtype)
@@ -102,4 +105,6 @@ class Engram(nn.Module):
         kn = F.rms_norm(keys.float(), (self.dim,), None, self.eps) * self.k_weight.float()
         dot = (hn * kn).sum(-1) / self.dim**0.5
         gate = torch.sigmoid(dot.sign() * dot.abs().clamp(min=1e-6).sqrt())
+        if image is not None:
+            gate = gate.masked_fill(image[:, None], 0.0)
         return (h.float() + gate.unsqueeze(-1) * value.float().unsqueeze(1)).to(h.dtype)

@@ -8,7 +8,7 @@ same streams, which is what lets one kernel do a merge and the next collapse bac
 
 MoE: sqrt(softplus) scores, top-k by score + bias (noaux_tc), the chosen scores renormalised
 and scaled; clamped SwiGLU experts plus shared experts. No hash routing. `gate.bias_vl` is the
-routing bias for image tokens; this engine serves text only, so it is loaded and never used.
+routing bias for image tokens (ForwardBatch.image_mask).
 """
 
 from __future__ import annotations
@@ -55,9 +55,13 @@ class V41MoE(nn.Module):
         self.experts = nn.ModuleList(Expert(d, i, config.swiglu_limit) for _ in range(n_experts))
         self.shared_experts = Expert(d, i * config.n_shared_experts, config.swiglu_limit)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, image: torch.Tensor | None = None) -> torch.Tensor:
+        """image: [T] bool, rows routed with the image bias `bias_vl` (DeepInfer's gate)."""
         scores = torch.sqrt(F.softplus(F.linear(x.float(), self.gate.weight.float())))
-        chosen = (scores + self.gate.bias).topk(self.top_k, dim=-1).indices
+        bias = self.gate.bias
+        if image is not None:
+            bias = torch.where(image[:, None], self.gate.bias_vl, bias)
+        chosen = (scores + bias).topk(self.top_k, dim=-1).indices
         w = scores.gather(1, chosen)
         w = (w / w.sum(-1, keepdim=True) * self.scaling).to(x.dtype)
         out = self.shared_experts(x)
@@ -126,13 +130,14 @@ class V41Block(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """h [T, hc, D] streams, pre [T, hc] the previous sublayer's pre mix; returns both for
         the next block."""
+        img = batch.image_mask  # image rows: no Engram, the image routing bias
         if self.engram is not None:
-            h = self.engram(h, ngram_ids)
+            h = self.engram(h, ngram_ids, img)
         nxt, post, comb = self._hc.mixes(self.hc_attn_fn, self.hc_attn_base, self.hc_attn_scale, h)
         x = collapse(pre, h)
         h = hc_merge(h, self.attn(self.attn_norm(x), batch, cache, share), post, comb)
         pre = nxt
         nxt, post, comb = self._hc.mixes(self.hc_ffn_fn, self.hc_ffn_base, self.hc_ffn_scale, h)
         x = collapse(pre, h)
-        h = hc_merge(h, self.ffn(self.ffn_norm(x)), post, comb)
+        h = hc_merge(h, self.ffn(self.ffn_norm(x), img), post, comb)
         return h, nxt

@@ -31,7 +31,13 @@ from deepring.model.v41.attention import StepShare, V41Attention
 from deepring.model.v41.config import V41Config
 from deepring.model.v41.kvquant import KVCodec
 from deepring.model.v41.layer import V41Block, V41MoE
-from deepring.model.v41.vision import Aligner, VisionConfig, VisionTower, embed_images
+from deepring.model.v41.vision import (
+    Aligner,
+    VisionConfig,
+    VisionTower,
+    embed_images,
+    image_rows,
+)
 from deepring.model.v41.vocab import compressed_vocabulary
 
 
@@ -149,6 +155,29 @@ class DeepseekV41(nn.Module):
     def greedy_tokens(self, y: torch.Tensor) -> torch.Tensor:
         return self._greedy(self.norm(y), self.head.weight)
 
+    def _embed(self, batch: ForwardBatch) -> torch.Tensor:
+        """The step's input embeddings: token embeddings, and on image rows the chunks' own
+        (SeqChunk.embeds; those rows' ids are span ids outside the vocabulary). Sets
+        batch.image_mask when the step has image rows."""
+        ids = batch.input_ids
+        if not any(ch.embeds for ch in batch.chunks):
+            return self.embed(ids)
+        img = image_rows(ids, self.config.vocab_size)
+        x = self.embed(ids.masked_fill(img, 0)).masked_fill(img[:, None], 0.0)
+        given = torch.zeros_like(img)
+        for ch, off in zip(batch.chunks, batch.layout.offsets, strict=True):
+            for row, e in ch.embeds:
+                if e.dim() != 2 or e.shape[1] != x.shape[1]:
+                    raise ValueError(f"image embeddings must be [rows, {x.shape[1]}]")
+                if row < 0 or row + len(e) > len(ch.token_ids):
+                    raise ValueError(f"image rows {row}..{row + len(e)} outside the chunk")
+                x[off + row : off + row + len(e)] = e.to(x)
+                given[off + row : off + row + len(e)] = True
+        if not torch.equal(given, img):
+            raise ValueError("image embeddings must cover exactly the image tokens of a chunk")
+        batch.image_mask = img
+        return x
+
     def ngram_ids(self, batch: ForwardBatch) -> torch.Tensor | None:
         """[T, max_ngram]: column j holds the token j positions back (the pad id before the
         sequence), from each chunk's tokens and its `context`."""
@@ -169,7 +198,13 @@ class DeepseekV41(nn.Module):
             t = torch.tensor(seq, dtype=torch.long)
             # Row i (token i of the chunk) sits at seq[back + i]; column j is j tokens back.
             rows.append(t.unfold(0, back + 1, 1).flip(-1))
-        return torch.cat(rows)
+        out = torch.cat(rows)
+        if bool((out >= self.config.vocab_size).any()):
+            # An image token ends the n-gram: it and everything further back read as the pad
+            # (DeepInfer's gather_engram_tokens: the image sentinel, then the pad).
+            cut = image_rows(out, self.config.vocab_size).cummax(dim=1).values
+            out = out.masked_fill(cut, e.pad_token_id)
+        return out
 
     def _enter_decoder(self, h, pre, batch: ForwardBatch, pool: KVCachePool, share: StepShare):
         """At the boundary: the decoder's KV sources pool their main KV from the boundary
@@ -213,6 +248,8 @@ class DeepseekV41(nn.Module):
         if not keep:
             return h, pre, None, share, rows
         sub = ForwardBatch.build(chunks, batch.rope_tables, batch.block_size, dev)
+        if batch.image_mask is not None:
+            sub.image_mask = batch.image_mask[keep]
         idx = torch.tensor(keep, dtype=torch.long, device=dev)
         share = StepShare(caches=share.caches, codec=self.codec, shared_hidden=x[idx],
                           floors=floors)  # fmt: skip
@@ -227,8 +264,7 @@ class DeepseekV41(nn.Module):
         greedy: bool = False,
     ) -> StepOutput:
         c = self.config
-        ids = batch.input_ids
-        x = self.embed(ids)
+        x = self._embed(batch)
         h = x.unsqueeze(1).expand(-1, c.hc_mult, -1).contiguous()
         # Shifted HC: the first sublayer's input is stream 0 (the embedding itself).
         pre = torch.zeros(h.shape[0], c.hc_mult, dtype=torch.float32, device=h.device)

@@ -36,6 +36,10 @@ from torch import nn
 
 from deepring.model.norm import RMSNorm
 
+# An image span's token ids are the vocabulary size plus these offsets (DeepInfer's
+# ImageTokenOffset; PAD is never laid out); ids in [vocab, vocab + SPAN_IDS) are image tokens.
+IMAGE_START, IMAGE_PAD, IMAGE, IMAGE_NEWLINE, IMAGE_END = range(5)
+SPAN_IDS = 5
 PIXEL_MEAN = 0.5
 PIXEL_STD = 0.5
 _DEPTH, _HEADS, _MLP_RATIO, _MULTIPLE_OF = 32, 16, 2.7, 128
@@ -104,6 +108,17 @@ class VisionConfig:
         """Prompt tokens of an image on an n_w x n_h patch grid: start, rows + newlines, end."""
         w, h = self.merged(n_w, n_h)
         return h * (w + 1) + 2
+
+
+def span_ids(vocab: int, cols: int, rows: int) -> list[int]:
+    """The token ids of an image span of `rows` rows of `cols` merged patches."""
+    row = [vocab + IMAGE] * cols + [vocab + IMAGE_NEWLINE]
+    return [vocab + IMAGE_START, *row * rows, vocab + IMAGE_END]
+
+
+def image_rows(ids: torch.Tensor, vocab: int) -> torch.Tensor:
+    """Which of `ids` are image tokens (bool, same shape)."""
+    return (ids >= vocab) & (ids < vocab + SPAN_IDS)
 
 
 def image_patches(rgb: torch.Tensor, n_w: int, n_h: int, config: VisionConfig) -> torch.Tensor:
