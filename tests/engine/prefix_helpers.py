@@ -79,11 +79,14 @@ def params(n: int = 6, temperature: float = 0.0) -> SamplingParams:
 _rids = itertools.count(1 << 20)
 
 
-def run(eng: EngineCore, rec: Recording, rid: int | None, ids: list[int], p: SamplingParams):
+def run(
+    eng: EngineCore, rec: Recording, rid: int | None, ids: list[int], p: SamplingParams,
+    images=(),
+):  # fmt: skip
     """Serve one request alone (rid None: a fresh one): (its output, its cache hit, its logits
-    per sampled token)."""
+    per sampled token). images: core.images.PromptImage of a V4.1 prompt."""
     rec.logits.clear()
-    req = eng.add(next(_rids) if rid is None else rid, ids, p, 5)
+    req = eng.add(next(_rids) if rid is None else rid, ids, p, 5, images=images)
     for _ in range(10_000):
         if not eng.has_work:
             break

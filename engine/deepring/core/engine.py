@@ -22,6 +22,7 @@ from deepring.cache.allocator import BlockAllocator, SlotAllocator
 from deepring.cache.pool import CacheConfig, KVCachePool
 from deepring.cache.transfer import CacheState, export_state, import_state
 from deepring.config import CACHE_CLASSES
+from deepring.core.images import PromptImage, check_images, key_ids
 from deepring.core.prefix import PrefixCache, PrefixConfig, Store
 from deepring.core.request import Request, Status
 from deepring.core.runner import Runner
@@ -167,16 +168,24 @@ class EngineCore:
 
     # ---- requests ------------------------------------------------------------------------------
 
-    def _check(self, rid: int, token_ids: list[int]) -> None:
+    def _check(self, rid: int, token_ids: list[int], images=()) -> list[int]:
+        """The images' span lengths (core.images.check_images); ValueError for a prompt that
+        cannot be served."""
         if rid in self.requests:
             raise ValueError(f"duplicate request id {rid!r}")
         if not token_ids:
             raise ValueError("a prompt needs at least one token")
         vocab = self.vocab_size
+        if images:
+            if self.spec is not None:
+                raise ValueError("images with speculative decoding are not supported yet")
+            vision = getattr(getattr(self.runner, "model", None), "vision_config", None)
+            return check_images(token_ids, images, vision, vocab)
         # A pass in C: the listing below is only built for a prompt that fails.
         if not ids_in_range(token_ids, vocab):
             bad = [t for t in token_ids if not 0 <= t < vocab]
             raise ValueError(f"token ids out of range [0, {vocab}): {bad[:5]}")
+        return []
 
     def add(
         self,
@@ -187,13 +196,15 @@ class EngineCore:
         cache_class: str = "chat",
         output_ids: list[int] | None = None,
         constraint: Constraint | None = None,
+        images: Sequence[PromptImage] = (),
     ) -> Request:
         """A new request, prefilled from its longest cached prefix (or from scratch).
         cache_class: how long the store keeps its blocks ("chat" | "agent", see
         PrefixConfig). output_ids: tokens it already generated elsewhere (a request resumed
         after a fault: it continues with the next one). constraint: the grammar its output
-        must match (structured output). ValueError when it cannot be served."""
-        self._check(rid, prompt_ids)
+        must match (structured output). images: V4.1 images whose spans the prompt holds
+        (core.images). ValueError when it cannot be served."""
+        lengths = self._check(rid, prompt_ids, images)
         if len(prompt_ids) + params.max_tokens > self.max_model_len:
             raise ValueError(
                 f"prompt ({len(prompt_ids)} tokens) + max_tokens ({params.max_tokens}) exceeds "
@@ -216,6 +227,12 @@ class EngineCore:
             grammar=self._grammar_state(constraint, done),
             thinking_ended=end is not None and end in done,
         )  # fmt: skip
+        if images:
+            req.images = tuple(images)
+            req.image_spans = [
+                (im.start, im.start + n) for im, n in zip(images, lengths, strict=True)
+            ]
+            req.key_prompt = key_ids(req.prompt_ids, images, lengths)
         if self.prefix is not None:
             self.prefix.plan(req)
         self.requests[rid] = req

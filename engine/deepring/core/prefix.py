@@ -135,7 +135,7 @@ class PrefixCache:
         """Name the request's prompt blocks and start reading from the store what the faster
         tiers lack."""
         # Over prompt and output: a request resumed after a fault has both.
-        req.block_keys = chain_keys(self.root, req.tokens(0, req.num_tokens), self.block_size)
+        req.block_keys = chain_keys(self.root, req.key_tokens(0, req.num_tokens), self.block_size)
         self.stats["requests"] += 1
         if self._reader is None:
             return
@@ -310,7 +310,9 @@ class PrefixCache:
         """A request whose state arrived from another worker: publish its full blocks here
         (they are already in the store: the sender wrote them)."""
         n = req.num_cached // self.block_size
-        req.block_keys = chain_keys(self.root, req.tokens(0, n * self.block_size), self.block_size)
+        req.block_keys = chain_keys(
+            self.root, req.key_tokens(0, n * self.block_size), self.block_size
+        )
         for i, key in enumerate(req.block_keys):
             self.blocks.publish(req.blocks[i], key)
         req.published = req.stored = n
@@ -357,7 +359,7 @@ class PrefixCache:
         have = len(req.block_keys)
         if have < n_full:
             parent = req.block_keys[-1] if have else self.root
-            req.block_keys += chain_keys(parent, req.tokens(have * bs, n_full * bs), bs)
+            req.block_keys += chain_keys(parent, req.key_tokens(have * bs, n_full * bs), bs)
         ttl = self.config.agent_ttl_s if req.cache_class == "agent" else self.config.chat_ttl_s
         for i in range(req.published, n_full):
             key, blk = req.block_keys[i], req.blocks[i]

@@ -57,6 +57,13 @@ class Request:
     drafts: list[int] = field(default_factory=list)
     survival: list[float] | None = None
     draft_from: int | None = None
+    # V4.1 images (core.images): their spans' (start, end) in the prompt, the prompt as the
+    # prefix cache keys it (None: the prompt itself), and the span embeddings computed for
+    # chunks still to come (image index -> [span length, hidden]; dropped once prefilled).
+    images: tuple = ()
+    image_spans: list[tuple[int, int]] = field(default_factory=list)
+    key_prompt: list[int] | None = None
+    image_embeds: dict = field(default_factory=dict)
 
     @property
     def num_tokens(self) -> int:
@@ -75,6 +82,15 @@ class Request:
         if start >= n:
             return self.output_ids[start - n : end - n]
         return self.prompt_ids[start:] + self.output_ids[: end - n]
+
+    def key_tokens(self, start: int, end: int) -> list[int]:
+        """tokens(start, end) as the prefix cache keys them (core.images.key_ids)."""
+        if self.key_prompt is None:
+            return self.tokens(start, end)
+        n = len(self.key_prompt)
+        if end <= n:
+            return self.key_prompt[start:end]
+        return self.key_prompt[start:] + self.output_ids[max(0, start - n) : end - n]
 
     @property
     def pending(self) -> int:

@@ -72,6 +72,7 @@ class ModelRunner:
                     decoder_from=max(0, r.num_tokens - self.keep) if self.keep else 0,
                 )
             )
+        self._image_rows(scheduled, chunks)
         batch = ForwardBatch.build(
             chunks, self.model.rope_tables(), self.block_size, self.model.device
         )
@@ -102,9 +103,33 @@ class ModelRunner:
         out: list[int | None] = []
         it = iter(tokens)
         for s, c in zip(scheduled, completes, strict=True):
-            s.request.num_cached += s.num_tokens
+            r = s.request
+            r.num_cached += s.num_tokens
+            for k in [k for k in r.image_embeds if r.image_spans[k][1] <= r.num_cached]:
+                del r.image_embeds[k]  # prefilled past it (a recompute runs the tower again)
             out.append(next(it) if c else None)
         return out
+
+    def _image_rows(self, scheduled, chunks: list[SeqChunk]) -> None:
+        """Give each chunk the embeddings of the image span rows it holds (SeqChunk.embeds),
+        running the vision tower once over every image this step reaches first."""
+        need = []
+        for s in scheduled:
+            r = s.request
+            lo, hi = r.num_cached, r.num_cached + s.num_tokens
+            need += [(r, k) for k, (a, b) in enumerate(r.image_spans)
+                     if a < hi and b > lo and k not in r.image_embeds]  # fmt: skip
+        if need:
+            images = [(r.images[k].pixels, r.images[k].n_w, r.images[k].n_h) for r, k in need]
+            for (r, k), e in zip(need, self.model.embed_images(images), strict=True):
+                r.image_embeds[k] = e
+        for s, chunk in zip(scheduled, chunks, strict=True):
+            r = s.request
+            lo, hi = r.num_cached, r.num_cached + s.num_tokens
+            for k, (a, b) in enumerate(r.image_spans):
+                if a < hi and b > lo:
+                    e = r.image_embeds[k]
+                    chunk.embeds.append((max(a, lo) - lo, e[max(a, lo) - a : min(b, hi) - a]))
 
     def constrained_greedy(self, out, pending, forced: dict[int, int]) -> list[int]:
         """The greedy head's tokens, each a grammar refuses recomputed from its own masked
