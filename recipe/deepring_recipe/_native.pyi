@@ -64,6 +64,7 @@ __all__ = [
     "UserMessage",
     "WebSearchBehavior",
     "__version__",
+    "decode_rgb",
     "request_fields",
     "request_outline",
 ]
@@ -83,6 +84,11 @@ _Event: TypeAlias = ChatCompletionChunk | ResponsesStreamEvent | MessagesStreamE
 
 __version__: str
 IMAGE_SPECIAL_TOKEN_ID: int
+
+def decode_rgb(data: bytes) -> tuple[int, int, bytes]:
+    """The RGB pixels of an image (PNG, JPEG, WebP, GIF's first frame): `(width, height, bytes)`,
+    rows of `width * 3` bytes. Not part of the official API: the engine decodes the WebP the
+    preprocessor made into what the vision tower reads. ValueError for bytes it cannot decode."""
 
 def request_fields(body: _RequestBody, names: Sequence[str]) -> dict[str, Any]:
     """The named top-level fields of a request body (`bytes | str | dict`) that are present, as a

@@ -123,6 +123,7 @@ _MESSAGE = {
 # Properties are emitted in the order listed here, then alphabetically.
 TYPES: dict[str, dict[str, Any]] = {
     "": {
+        "decode_rgb": {"data": "bytes", "return": "tuple[int, int, bytes]"},
         "request_fields": {"names": "Sequence[str]", "return": "dict[str, Any]"},
         "request_outline": {
             "names": "Sequence[str]",

@@ -153,7 +153,24 @@ pub(crate) fn images_from_py(images: Option<Vec<PyRef<'_, PyImageSource>>>) -> V
         .unwrap_or_default()
 }
 
+/// The RGB pixels of an image (PNG, JPEG, WebP, GIF's first frame): `(width, height, bytes)`,
+/// rows of `width * 3` bytes. Not part of the official API: the engine decodes the WebP the
+/// preprocessor made into what the vision tower reads. ValueError for bytes it cannot decode.
+#[pyfunction]
+fn decode_rgb(py: Python<'_>, data: Vec<u8>) -> PyResult<(u32, u32, Py<PyBytes>)> {
+    // 2^16 px a side: far past any canvas the preprocessor makes (WebP's own cap is 16383).
+    let rgb = py
+        .detach(|| deepring_image::codec::decode(&data, 1 << 16))
+        .map_err(|e| PyValueError::new_err(format!("cannot decode the image: {e:?}")))?;
+    Ok((
+        rgb.width,
+        rgb.height,
+        PyBytes::new(py, &rgb.pixels).unbind(),
+    ))
+}
+
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_function(wrap_pyfunction!(decode_rgb, m)?)?;
     m.add_class::<PyImageSource>()?;
     m.add_class::<PyDataUrlImageSource>()?;
     m.add_class::<PyUrlImageSource>()?;
