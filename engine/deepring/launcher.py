@@ -123,8 +123,11 @@ class Supervisor:
             return
         key = _group(child.config)
         if key is not None and key in self.falling:  # a rank stopped with its group
-            self.client.worker_lost(wid, "went down with its expert-parallel group", f"pid {p.pid}")
-            child.down_since = time.monotonic()
+            # (Or killed for silence itself, in the same heartbeat as the rank that took the
+            # group down: its report says so.)
+            why = child.silenced or "went down with its expert-parallel group"
+            self.client.worker_lost(wid, why, f"pid {p.pid}")
+            child.last_exit, child.down_since = why, time.monotonic()
             child.restarts += 1
             self.restarts += 1
             self._restart_group_when_down(key)
