@@ -25,20 +25,25 @@ class PromptImage:
     pixels: torch.Tensor = field(repr=False)  # uint8 [height, width, 3], as resized
     n_w: int  # the patch grid the span was sized for
     n_h: int
-    digest: bytes = b""
+    # Of the grid and pixels, always computed here: the cache keys rest on it.
+    digest: bytes = field(init=False, repr=False)
 
-    @classmethod
-    def of(cls, start: int, pixels, n_w: int, n_h: int) -> PromptImage:
-        px = torch.as_tensor(np.asarray(pixels))
+    def __post_init__(self) -> None:
+        px = self.pixels
         if px.dtype != torch.uint8 or px.dim() != 3 or px.shape[2] != 3:
             raise ValueError(f"image pixels must be uint8 [height, width, 3], got "
                              f"{px.dtype} {tuple(px.shape)}")  # fmt: skip
-        if min(n_w, n_h) < 1 or start < 0:
+        if min(self.n_w, self.n_h) < 1 or self.start < 0:
             raise ValueError("an image needs a patch grid of at least 1 x 1 and a start >= 0")
         h = hashlib.blake2b(digest_size=16)
-        h.update(np.array([n_w, n_h, px.shape[1], px.shape[0]], dtype="<i8").tobytes())
+        h.update(np.array([self.n_w, self.n_h, px.shape[1], px.shape[0]], dtype="<i8").tobytes())
         h.update(px.contiguous().numpy().tobytes())
-        return cls(start, px, n_w, n_h, h.digest())
+        object.__setattr__(self, "digest", h.digest())
+
+    @classmethod
+    def of(cls, start: int, pixels, n_w: int, n_h: int) -> PromptImage:
+        """From any array of pixels (numpy, torch)."""
+        return cls(start, torch.as_tensor(np.asarray(pixels)), n_w, n_h)
 
 
 def check_images(

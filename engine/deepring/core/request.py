@@ -76,21 +76,20 @@ class Request:
     def tokens(self, start: int, end: int) -> list[int]:
         """Tokens start..end-1 of prompt + output, without joining the two lists (a decode step
         asks each request for its last token)."""
-        n = len(self.prompt_ids)
-        if end <= n:
-            return self.prompt_ids[start:end]
-        if start >= n:
-            return self.output_ids[start - n : end - n]
-        return self.prompt_ids[start:] + self.output_ids[: end - n]
+        return self._span(self.prompt_ids, start, end)
 
     def key_tokens(self, start: int, end: int) -> list[int]:
         """tokens(start, end) as the prefix cache keys them (core.images.key_ids)."""
-        if self.key_prompt is None:
-            return self.tokens(start, end)
-        n = len(self.key_prompt)
+        return self._span(self.prompt_ids if self.key_prompt is None else self.key_prompt,
+                          start, end)  # fmt: skip
+
+    def _span(self, prompt: list[int], start: int, end: int) -> list[int]:
+        n = len(prompt)
         if end <= n:
-            return self.key_prompt[start:end]
-        return self.key_prompt[start:] + self.output_ids[max(0, start - n) : end - n]
+            return prompt[start:end]
+        if start >= n:
+            return self.output_ids[start - n : end - n]
+        return prompt[start:] + self.output_ids[: end - n]
 
     @property
     def pending(self) -> int:

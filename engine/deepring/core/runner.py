@@ -105,31 +105,31 @@ class ModelRunner:
         for s, c in zip(scheduled, completes, strict=True):
             r = s.request
             r.num_cached += s.num_tokens
-            for k in [k for k in r.image_embeds if r.image_spans[k][1] <= r.num_cached]:
-                del r.image_embeds[k]  # prefilled past it (a recompute runs the tower again)
+            if r.image_embeds:  # dropped once prefilled past (a recompute runs the tower again)
+                for k in [k for k in r.image_embeds if r.image_spans[k][1] <= r.num_cached]:
+                    del r.image_embeds[k]
             out.append(next(it) if c else None)
         return out
 
     def _image_rows(self, scheduled, chunks: list[SeqChunk]) -> None:
         """Give each chunk the embeddings of the image span rows it holds (SeqChunk.embeds),
         running the vision tower once over every image this step reaches first."""
-        need = []
-        for s in scheduled:
+        hits = []  # (request, chunk, image index, span, chunk rows) of each span a chunk holds
+        for s, chunk in zip(scheduled, chunks, strict=True):
             r = s.request
             lo, hi = r.num_cached, r.num_cached + s.num_tokens
-            need += [(r, k) for k, (a, b) in enumerate(r.image_spans)
-                     if a < hi and b > lo and k not in r.image_embeds]  # fmt: skip
+            hits += [(r, chunk, k, a, b, lo, hi) for k, (a, b) in enumerate(r.image_spans)
+                     if a < hi and b > lo]  # fmt: skip
+        if not hits:
+            return
+        need = [(r, k) for r, _, k, *_ in hits if k not in r.image_embeds]
         if need:
             images = [(r.images[k].pixels, r.images[k].n_w, r.images[k].n_h) for r, k in need]
             for (r, k), e in zip(need, self.model.embed_images(images), strict=True):
                 r.image_embeds[k] = e
-        for s, chunk in zip(scheduled, chunks, strict=True):
-            r = s.request
-            lo, hi = r.num_cached, r.num_cached + s.num_tokens
-            for k, (a, b) in enumerate(r.image_spans):
-                if a < hi and b > lo:
-                    e = r.image_embeds[k]
-                    chunk.embeds.append((max(a, lo) - lo, e[max(a, lo) - a : min(b, hi) - a]))
+        for r, chunk, k, a, b, lo, hi in hits:
+            e = r.image_embeds[k]
+            chunk.embeds.append((max(a, lo) - lo, e[max(a, lo) - a : min(b, hi) - a]))
 
     def constrained_greedy(self, out, pending, forced: dict[int, int]) -> list[int]:
         """The greedy head's tokens, each a grammar refuses recomputed from its own masked
