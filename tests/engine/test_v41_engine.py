@@ -47,10 +47,23 @@ def test_llm_decoder_bounded_replay_equals_the_model_stepped_by_hand():
     assert out == got
 
 
-def test_llm_prefix_cache_hit_reproduces_the_output():
+@pytest.mark.parametrize("budget", [None, 64, 13])
+def test_llm_prefix_cache_hit_reproduces_the_output(budget):
     """The second run of a prompt takes its cached blocks (and ring snapshot) and continues
-    exactly as the first."""
-    llm = _llm()
+    exactly as the first; also when the step budget cuts the hit's replay into chunks that end
+    before the first uncached entry (64, 13: the compressor pooled nothing for those, and
+    crashed on them)."""
+    llm = (
+        _llm()
+        if budget is None
+        else LLM(
+            "v41-tiny",
+            max_model_len=512,
+            max_num_seqs=4,
+            num_blocks=64,
+            max_num_batched_tokens=budget,
+        )
+    )
     prompt = [0, *range(1000, 1300)]  # two full 128-token blocks and a tail
     params = SamplingParams(max_tokens=5, temperature=0)
     first = llm.generate([prompt], params)[0].token_ids
@@ -159,3 +172,26 @@ def test_handoff_from_a_prefill_engine_continues_exactly():
     while not got.finished:
         dec.step()
     assert got.output_ids == want
+
+
+@pytest.mark.parametrize("budget", [2048, 64])
+def test_a_resumed_request_continues_exactly(budget):
+    """A request resumed with its output so far (a reroute after a fault, a recompute after
+    preemption) prefills prompt + output at once; its decoder windows start where the first
+    prefill started them (the prompt's last KEEP tokens), so it continues exactly as the
+    uninterrupted run (starting them KEEP before the output's end diverged a few tokens on: the
+    decoder's bounded replay is an approximation that depends on where it starts)."""
+    prompt = [0, *range(1000, 1300)]  # past KEEP (140) and the window (128)
+
+    def run(done: list[int]) -> list[int]:
+        llm = LLM("v41-tiny", max_model_len=512, max_num_seqs=4, num_blocks=64,
+                  max_num_batched_tokens=budget)  # fmt: skip
+        req = llm.engine.add(0, prompt, SamplingParams(max_tokens=40, temperature=0), 1,
+                             output_ids=done)  # fmt: skip
+        while llm.engine.has_work:
+            llm.engine.step()
+        return req.output_ids
+
+    full = run([])
+    for cut in (1, 17, 33):
+        assert run(full[:cut]) == full, cut

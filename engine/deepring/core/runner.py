@@ -69,7 +69,10 @@ class ModelRunner:
                     context=r.tokens(max(0, r.num_cached - self.context), r.num_cached)
                     if self.context
                     else [],
-                    decoder_from=max(0, r.num_tokens - self.keep) if self.keep else 0,
+                    # The prompt's last KEEP tokens, also when a resumed or recomputed
+                    # request prefills its output too: the decoder's windows then start where
+                    # the first prefill started them, and the output continues exactly.
+                    decoder_from=max(0, len(r.prompt_ids) - self.keep) if self.keep else 0,
                 )
             )
         self._image_rows(scheduled, chunks)

@@ -108,8 +108,8 @@ def pool_windows(
     froms = froms if froms is not None else starts
     for off, n, start, slot, cfrom in zip(offsets, lens, starts, slots, froms, strict=True):
         # Entries ending at or after cfrom (a prefix hit's cfrom is a block edge, so a multiple
-        # of the ratio: no entry straddles it).
-        ws = torch.arange(cfrom // ratio, (start + n) // ratio, device=dev)
+        # of the ratio: no entry straddles it); none for a replay chunk that ends before it.
+        ws = torch.arange(cfrom // ratio, max(cfrom, start + n) // ratio, device=dev)
         if ratio == 1:
             ents.append(latent[off + cfrom - start : off + n])
         else:
