@@ -47,6 +47,35 @@ def add_api_key_args(p: argparse.ArgumentParser) -> None:
     )
 
 
+def add_image_url_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("Image URLs (docs/configuration.md)")
+    g.add_argument(
+        "--image-url-hosts",
+        default=None,
+        metavar="HOSTS",
+        help="fetch request images given as http(s) URLs from these hosts only (a comma list; "
+        "*.example.com takes its subdomains, * any host), and only at public addresses; "
+        "without it an image URL is refused (400) and nothing is fetched",
+    )
+    g.add_argument(
+        "--image-url-allow-private",
+        action="store_true",
+        help="let --image-url-hosts reach private, loopback and link-local addresses too "
+        "(an image store inside the deployment)",
+    )
+
+
+def image_url_settings(args: argparse.Namespace) -> dict:
+    """The FrontendConfig fields of the image URL flags."""
+    from deepring.protocol.images import UrlPolicy
+
+    policy = UrlPolicy.parse(args.image_url_hosts, args.image_url_allow_private)
+    if args.image_url_allow_private and policy is None:
+        raise ValueError("--image-url-allow-private needs --image-url-hosts")
+    hosts = policy.hosts if policy is not None else ()
+    return {"image_url_hosts": hosts, "image_url_allow_private": args.image_url_allow_private}
+
+
 def add_ring_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("ring security (docs/deployment.md)")
     g.add_argument(

@@ -104,6 +104,7 @@ def _frontend_config(
         queue_timeout=args.queue_timeout,
         **security,
         **cli_security.api_key_settings(args),
+        **cli_security.image_url_settings(args),
     )
 
 

@@ -275,6 +275,7 @@ def add_frontend_args(p: argparse.ArgumentParser, frontend_only: bool = False) -
         "room) fails with 503 (default 60)",
     )
     cli_security.add_api_key_args(p)
+    cli_security.add_image_url_args(p)
     cli_sched.add_router_args(p, tbt_target=frontend_only)
 
 

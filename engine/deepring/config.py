@@ -381,6 +381,10 @@ class FrontendConfig:
     # Origins (scheme://host[:port]) allowed to differ from the Host they are sent to; "*" is
     # any. A request whose Origin names another host than its Host is refused (403) otherwise.
     allowed_origins: tuple[str, ...] = ()
+    # Hosts request images may be fetched from (protocol.images.UrlPolicy); none: image URLs
+    # are refused. Private addresses only with image_url_allow_private.
+    image_url_hosts: tuple[str, ...] = ()
+    image_url_allow_private: bool = False
 
     def __post_init__(self) -> None:
         check_address("ring_addr", self.ring_addr)

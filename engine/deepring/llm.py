@@ -29,13 +29,14 @@ import torch
 from deepring import env
 from deepring.config import EngineSpec
 from deepring.core.build import build_engine
+from deepring.core.images import PromptImage, image_support
 from deepring.model.embedded import is_embedded
 from deepring.sampling.params import SamplingParams, TokenLogprob
 from deepring.sampling.sampler import splitmix64
 from deepring.structured.constraint import Constraint
 
 if TYPE_CHECKING:
-    from deepring.protocol.prepare import Recipe
+    from deepring.protocol.prepare import Offline, Recipe
 
 Prompt = str | list[int] | dict[str, Any]
 
@@ -114,6 +115,7 @@ class LLM:
                 raise ValueError(f"no tokenizer.json at {tok_file}")
         self._recipe: Recipe | None = None
         self._seed = seed
+        self._speculative = speculative
         self._counter = itertools.count()
 
     # ---- prompts -------------------------------------------------------------------------------
@@ -121,34 +123,41 @@ class LLM:
     def encode(self, prompt: Prompt) -> list[int]:
         return self._encode(prompt)[0]
 
-    def _encode(self, prompt: Prompt) -> tuple[list[int], Constraint | None, dict[str, Any]]:
-        """The prompt's ids, and the constraint and SamplingParams fields a chat body brings."""
+    def _encode(self, prompt: Prompt) -> Offline:
+        """The prompt's ids, and the constraint, SamplingParams fields and images a chat body
+        brings."""
+        from deepring.protocol.prepare import Offline
+
         if isinstance(prompt, dict):
             return self._chat_ids(prompt)
         if isinstance(prompt, str):
             ids = self._require_tokenizer().encode(prompt)
             bos = self.config.bos_token_id
-            return ([bos] if bos is not None else []) + ids, None, {}
+            return Offline(([bos] if bos is not None else []) + ids, None, {})
         if isinstance(prompt, (list, tuple)) and all(
             isinstance(t, int) and not isinstance(t, bool) for t in prompt
         ):
-            return list(prompt), None, {}
+            return Offline(list(prompt), None, {})
         raise ValueError(
             f"a prompt is text, a list of token ids or a chat request body, got {prompt!r:.80}"
         )
 
-    def _chat_ids(self, body: dict[str, Any]) -> tuple[list[int], Constraint | None, dict]:
+    def _chat_ids(self, body: dict[str, Any]) -> Offline:
         """A Chat Completions body rendered with this model's template (the body's `model`
-        must name this model), its output constraint and the SamplingParams fields it implies
-        (a thinking budget). Its fields are checked as the server checks them; sampling fields
-        are refused: generate's SamplingParams carry them."""
+        must name this model), its output constraint, the SamplingParams fields it implies
+        (a thinking budget) and its images (inline ones: image URLs are not fetched). Its
+        fields are checked as the server checks them; sampling fields are refused:
+        generate's SamplingParams carry them."""
         from deepring.protocol.errors import ApiError
         from deepring.protocol.formats import PromptFormat
+        from deepring.protocol.images import ImageSupport
         from deepring.protocol.prepare import CHAT, Recipe
 
         if self._recipe is None:
             fmt = PromptFormat.of_model_type(self.config.model_type)
-            self._recipe = Recipe(self._require_tokenizer(), [self.name], fmt)
+            support = image_support(self.model, self._speculative)
+            images = ImageSupport(self.engine.vocab_size) if isinstance(support, dict) else support
+            self._recipe = Recipe(self._require_tokenizer(), [self.name], fmt, images=images)
         try:
             return self._recipe.encode_offline(CHAT, body)
         except ApiError as e:
@@ -197,12 +206,17 @@ class LLM:
         encoded = [self._encode(p) for p in prompts]
         order = []
         try:
-            for (ids, own, implied), p, c in zip(encoded, params, given, strict=True):
+            for (ids, own, implied, images), p, c in zip(encoded, params, given, strict=True):
                 if implied:
                     p = dataclasses.replace(p, **implied)
                 n = next(self._counter)
                 seed = p.seed if p.seed is not None else splitmix64(self._seed * 1_000_003 + n)
-                order.append(self.engine.add(n, ids, p, seed, constraint=c or own))
+                order.append(
+                    self.engine.add(
+                        n, ids, p, seed, constraint=c or own,
+                        images=[PromptImage.from_encoded(im) for im in images],
+                    )
+                )  # fmt: skip
         except ValueError:
             for req in order:  # all or nothing: a bad prompt leaves no request behind
                 self.engine.abort(req.rid)

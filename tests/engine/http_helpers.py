@@ -181,7 +181,8 @@ class StubEngine:
     def info(self, key: str):
         return self._info.get(key)
 
-    def submit(self, prompt_ids, params, seed, sink, cache_class="chat", constraint=None) -> int:
+    def submit(self, prompt_ids, params, seed, sink, cache_class="chat", constraint=None,
+               images=()) -> int:  # fmt: skip
         self.submitted.append(np.asarray(prompt_ids))
         loop = asyncio.get_running_loop()
 

@@ -174,8 +174,8 @@ def _header(msg) -> dict:
             [msgpack.packb({**_header(SAMPLES[0]), "sampling": {"top_p": 0.0}}), b""],
             "top_p must be in",
         ),
-        ([codec.encode(SAMPLES[0])[0]], "0 payload frames, expected 1"),
-        ([codec.encode(SAMPLES[0])[0], b"\x01\x02\x03"], "not a whole int32 array"),
+        ([codec.encode(SAMPLES[0])[0]], "0 payload frames, expected 2"),
+        ([codec.encode(SAMPLES[0])[0], b"\x01\x02\x03", b""], "not a whole int32 array"),
     ],
 )
 def test_bad_messages_are_logged_and_dropped(frames, match, caplog):

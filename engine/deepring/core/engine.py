@@ -227,12 +227,7 @@ class EngineCore:
             grammar=self._grammar_state(constraint, done),
             thinking_ended=end is not None and end in done,
         )  # fmt: skip
-        if images:
-            req.images = tuple(images)
-            req.image_spans = [
-                (im.start, im.start + n) for im, n in zip(images, lengths, strict=True)
-            ]
-            req.key_prompt = key_ids(req.prompt_ids, images, lengths)
+        _attach_images(req, images, lengths)
         if self.prefix is not None:
             self.prefix.plan(req)
         self.requests[rid] = req
@@ -263,13 +258,17 @@ class EngineCore:
         state: CacheState,
         cache_class: str = "chat",
         constraint: Constraint | None = None,
+        images: Sequence[PromptImage] = (),
     ) -> Request:
-        """Join a request prefilled elsewhere to the running batch. ValueError when its state
-        does not fit this engine (check `can_admit` first for room) or its output so far does
-        not match its constraint."""
-        self._check(rid, token_ids)
+        """Join a request prefilled elsewhere to the running batch. images: its prompt's, as in
+        `add` (a preempted request recomputes them). ValueError when its state does not fit
+        this engine (check `can_admit` first for room) or its output so far does not match its
+        constraint."""
         if not 0 < prompt_len <= len(token_ids) or not 0 < num_cached <= len(token_ids):
             raise ValueError("handoff token counts are inconsistent")
+        lengths = self._check(rid, token_ids[:prompt_len], images)
+        if not ids_in_range(token_ids[prompt_len:], self.vocab_size):
+            raise ValueError(f"output token ids out of range [0, {self.vocab_size})")
         if len(token_ids) - prompt_len > params.max_tokens or (
             prompt_len + params.max_tokens > self.max_model_len
         ):
@@ -303,6 +302,7 @@ class EngineCore:
             # decode workers with the same --speculative).
             draft_from=0 if self.spec is not None else None,
         )
+        _attach_images(req, images, lengths)
         if self.prefix is not None:
             self.prefix.adopt(req)
         self.requests[rid] = req
@@ -500,3 +500,11 @@ class EngineCore:
             # Tokens the running requests hold: a decode step's attention reads them all.
             "context_tokens": sum(r.num_tokens for r in s.running),
         }
+
+
+def _attach_images(req: Request, images: Sequence[PromptImage], lengths: list[int]) -> None:
+    """A request's images, their spans and its prompt as the prefix cache keys it."""
+    if images:
+        req.images = tuple(images)
+        req.image_spans = [(im.start, im.start + n) for im, n in zip(images, lengths, strict=True)]
+        req.key_prompt = key_ids(req.prompt_ids, images, lengths)

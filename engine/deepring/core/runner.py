@@ -127,9 +127,13 @@ class ModelRunner:
             return
         need = [(r, k) for r, _, k, *_ in hits if k not in r.image_embeds]
         if need:
-            images = [(r.images[k].pixels, r.images[k].n_w, r.images[k].n_h) for r, k in need]
+            images = [(r.images[k].rgb(), r.images[k].n_w, r.images[k].n_h) for r, k in need]
             for (r, k), e in zip(need, self.model.embed_images(images), strict=True):
                 r.image_embeds[k] = e
+            # A served image's pixels go once the tower has run (its WebP stays, for a
+            # recompute): up to 5 MB each would otherwise wait out the request's prefill.
+            for r, k in need:
+                r.images = (*r.images[:k], r.images[k].without_pixels(), *r.images[k + 1 :])
         for r, chunk, k, a, b, lo, hi in hits:
             e = r.image_embeds[k]
             chunk.embeds.append((max(a, lo) - lo, e[max(a, lo) - a : min(b, hi) - a]))

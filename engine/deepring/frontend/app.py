@@ -36,8 +36,10 @@ from deepring.frontend.origins import (
 from deepring.frontend.ratelimit import RateLimiter
 from deepring.frontend.requests import Overloaded
 from deepring.frontend.stream import JsonSink, SseSink
+from deepring.protocol import nested
 from deepring.protocol.errors import ApiError, error_body
 from deepring.protocol.formats import PromptFormat
+from deepring.protocol.images import ImageSupport, UrlPolicy
 from deepring.protocol.prepare import CHAT, MESSAGES, RESPONSES, Api, Prepared, Recipe
 
 log = logging.getLogger("deepring.frontend")
@@ -100,11 +102,22 @@ class App:
             cap = self.config.default_max_tokens
             if cap is None and canned:
                 cap = CANNED_MAX_TOKENS
-            self.recipe = Recipe(path, self.config.served_model_names, fmt, thinking, cap)
+            self.recipe = Recipe(
+                path, self.config.served_model_names, fmt, thinking, cap, self._images()
+            )
             self.recipe_error = None
         except (RuntimeError, ValueError, OSError) as e:
             self.recipe_error = str(e)
             log.error("cannot serve generation requests: %s", e)
+
+    def _images(self) -> ImageSupport | str:
+        """What the recipe needs to take images when the workers do, else why they do not."""
+        support = self.client.info("images")
+        if not isinstance(support, dict):
+            return support if isinstance(support, str) else nested.NO_IMAGES
+        cfg = self.config
+        urls = UrlPolicy.parse(cfg.image_url_hosts, cfg.image_url_allow_private)
+        return ImageSupport(int(self.client.info("vocab_size")), urls)
 
     async def handle(self, req: HttpRequest) -> None:
         path = req.path.rstrip("/") or "/"
@@ -183,10 +196,13 @@ class App:
             prep = await loop.run_in_executor(self._pool, _prepare_long, *args)
         else:
             prep = recipe.prepare(api, req.body, limit)
-        if req.disconnected:
-            prep.processor.close()
-            return
         try:
+            if prep.pending is not None:  # images to fetch and preprocess: a worker thread's
+                loop = asyncio.get_running_loop()
+                prep = await loop.run_in_executor(self._pool, recipe.resolve_images, prep)
+            if req.disconnected:
+                prep.processor.close()
+                return
             self.limits.admit_tokens(key, len(prep.prompt_ids))
         except ApiError:
             prep.processor.close()
@@ -202,6 +218,7 @@ class App:
                 self.limits.metered(key, sink),
                 _cache_class(req, prep),
                 prep.constraint,
+                prep.images,
             )
         except Overloaded as e:
             prep.processor.close()

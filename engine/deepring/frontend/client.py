@@ -33,7 +33,7 @@ import os
 import random
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import zmq
@@ -42,6 +42,7 @@ from deepring.config import FrontendConfig
 from deepring.frontend.intake import RingIntake
 from deepring.frontend.metrics import Metrics
 from deepring.frontend.requests import LogprobReader, Overloaded, RequestState, Sink
+from deepring.image_spans import EncodedImage, keyed_prompt, to_wire
 from deepring.ipc import sockets
 from deepring.ipc.curve import RingSecurity
 from deepring.ipc.messages import Abort, Health, Message, Shutdown, Stats, Submit, Tokens
@@ -146,10 +147,12 @@ class EngineClient:
         sink: Sink,
         cache_class: str = "chat",
         constraint: Constraint | None = None,
+        images: Sequence[EncodedImage] = (),
     ) -> int:
         """Queue a request; its output goes to `sink`. cache_class: the prefix cache's TTL
         class ("chat" | "agent"). constraint: the grammar its output must match (structured
-        output). Raises Overloaded when full."""
+        output). images: its prompt's (their spans in prompt_ids). Raises Overloaded when
+        full."""
         limit = self.registry.capacity + self.config.max_queued_requests
         if len(self.requests) >= limit:
             raise Overloaded(
@@ -168,8 +171,11 @@ class EngineClient:
             queued_at=time.monotonic(),
             cache_class=cache_class,
             constraint=constraint,
+            images=to_wire(images),
         )
-        st.uncached = len(prompt_ids) - self._cached_estimate(st.prompt_ids)
+        # The estimate keys an image's span by the image, as the workers' caches do.
+        keyed = keyed_prompt(st.prompt_ids, images) if images else st.prompt_ids
+        st.uncached = len(prompt_ids) - self._cached_estimate(keyed)
         self.requests[rid] = st
         self.metrics.prompt_tokens += len(prompt_ids)
         if not self._dispatch(st):
@@ -214,6 +220,8 @@ class EngineClient:
             cache_class=st.cache_class,
             num_output=len(st.output_ids),
             constraint=st.constraint,
+            images=st.images[0],
+            image_data=st.images[1],
         )
         if not self._send(p.id, msg):
             return False

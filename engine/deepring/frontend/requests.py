@@ -74,6 +74,8 @@ class RequestState:
     # The output constraint: every (re)submission carries it, and the resumed output so far
     # already matches it (the worker's matcher consumes it first).
     constraint: Constraint | None = None
+    # Its images as every (re)submission carries them (deepring.image_spans.to_wire).
+    images: tuple[list, bytes] = ([], b"")
 
     def submitted_ids(self) -> np.ndarray:
         """What a prefill worker computes: the prompt, then the output so far (a request

@@ -62,7 +62,7 @@ class Submit(Message):
     output must match (structured output; the resumed output so far already does)."""
 
     TYPE: ClassVar[str] = "submit"
-    VERSION: ClassVar[int] = 5
+    VERSION: ClassVar[int] = 6
     rid: int
     prompt_ids: np.ndarray = field(metadata={"frame": IDS})
     sampling: SamplingParams = field(metadata=SAMPLING)
@@ -73,6 +73,10 @@ class Submit(Message):
     cache_class: str  # prefix-cache TTL class: "chat" | "agent"
     num_output: int  # trailing tokens of prompt_ids that are output already (a resumed request)
     constraint: Constraint | None = field(default=None, metadata=CONSTRAINT)
+    # The prompt's images (V4.1): [start, n_w, n_h, nbytes] each, their WebP concatenated in
+    # image_data (deepring.image_spans.to_wire).
+    images: list = field(default_factory=list)
+    image_data: bytes = field(default=b"", metadata={"frame": RAW})
 
 
 @dataclass(frozen=True, eq=False)
@@ -87,7 +91,7 @@ class Handoff(Message):
     """
 
     TYPE: ClassVar[str] = "handoff"
-    VERSION: ClassVar[int] = 6
+    VERSION: ClassVar[int] = 7
     rid: int  # the request's id at the frontend that owns it
     # That frontend's incarnation (its Health gen), which tells a decode worker serving several
     # frontends whose request this is; 0 when the prefill worker had not heard it yet.
@@ -103,6 +107,8 @@ class Handoff(Message):
     slot_state: bytes = field(metadata={"frame": RAW})
     block_state: bytes = field(metadata={"frame": RAW})
     constraint: Constraint | None = field(default=None, metadata=CONSTRAINT)
+    images: list = field(default_factory=list)  # as in Submit (a recompute needs them)
+    image_data: bytes = field(default=b"", metadata={"frame": RAW})
 
 
 @dataclass(frozen=True, eq=False)

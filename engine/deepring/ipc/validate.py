@@ -101,6 +101,15 @@ _READY_INFO = {
 _READY_OPTIONAL = {
     "max_num_batched_tokens": lambda v: _is_int(v, 1, 2**31),
     "device": lambda v: _is_text(v, 64),
+    # The sizes image spans are laid out with, or why the worker takes no images.
+    "images": lambda v: (
+        _is_text(v, 400)
+        or (
+            isinstance(v, dict)
+            and set(v) == {"patch_size", "downsample_ratio"}
+            and all(_is_int(x, 1, 1024) for x in v.values())
+        )
+    ),
 }
 
 

@@ -306,10 +306,12 @@ def check(
     keys: list[str],
     tags: frozenset[str],
     got: dict[str, Any],
+    no_images: str | None = nested.NO_IMAGES,
 ) -> Served:
     """Refuse (ApiError 400) the first unknown top-level field, then the first field whose
-    value is not served, then nested content that is not (protocol.nested); return what
-    serving must enforce. `keys`, `tags`, `got`: the body's outline."""
+    value is not served, then nested content that is not (protocol.nested; no_images: why
+    images are refused, None when they are served); return what serving must enforce. `keys`,
+    `tags`, `got`: the body's outline."""
     known = KNOWN[api]
     for name in keys:
         if name not in known:
@@ -320,7 +322,7 @@ def check(
     for name, v in got.items():  # in the body's order
         if name in checks:
             checks[name](ctx, name, v)
-    nested.check(api, body, conv, tags)
+    nested.check(api, body, conv, tags, no_images)
     if api == MESSAGES:
         _messages_tool_choice(ctx, got.get("tool_choice"))
     if not ctx.has_tools:

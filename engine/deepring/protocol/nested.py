@@ -1,8 +1,9 @@
 """Content inside a request body that serving cannot honour, refused with a 400 naming where it
-is, instead of what the official library does with it: images become "[Unsupported Image]" (or
-image tokens the engine does not yet fill from a vision encoder), files and documents become
-"[Unsupported Document]" placeholders, and Responses drops tool kinds and input items it does
-not know (web_search, file_search, apply_patch, item_reference, ...).
+is, instead of what the official library does with it: images, unless the served model has a
+vision encoder (protocol.images), become "[Unsupported Image]" (V4) or image tokens nothing
+fills (V4.1); files and documents become "[Unsupported Document]" placeholders; Responses
+drops tool kinds and input items it does not know (web_search, file_search, apply_patch,
+item_reference, ...).
 
 Cheap for ordinary requests: the body's `type` tags at any depth come with its outline
 (protocol.fields); only a body holding a tag outside the API's everyday set is read again, for
@@ -16,12 +17,10 @@ from typing import Any
 
 from deepring_recipe import ConversationRequest, request_fields
 
+from deepring.image_spans import NO_VISION
 from deepring.protocol.errors import ApiError, field_error
 
 CHAT, RESPONSES, MESSAGES = "chat.completions", "responses", "messages"
-
-# The served models read text only; a model with a vision encoder would take images here.
-VISION = False
 
 # JSON Schema types (tool parameters, response formats) and the thinking switch's values.
 _COMMON_TAGS = {
@@ -51,9 +50,9 @@ _EVERYDAY = {
     },
 }  # fmt: skip
 
-_NO_VISION = (
-    "image input is not supported: this server does not feed images to a vision encoder yet"
-)
+# Why images are refused when the caller gives no reason (a served model with a vision
+# encoder takes them: protocol.images).
+NO_IMAGES = NO_VISION
 _NO_FILES = (
     "file input is not supported: the served model reads text only (send the "
     "file's text as text content)"
@@ -71,18 +70,22 @@ _ITEMS = {
 _RESPONSES_TOOLS = {"function", "custom", "namespace"}
 
 
-def check(api: str, body: Any, conv: ConversationRequest, tags: frozenset[str]) -> None:
-    """Refuse (ApiError 400) the first content of the body that is not served."""
+def check(
+    api: str, body: Any, conv: ConversationRequest, tags: frozenset[str],
+    no_images: str | None = NO_IMAGES,
+) -> None:  # fmt: skip
+    """Refuse (ApiError 400) the first content of the body that is not served. no_images: why
+    images are refused, None when they are served."""
     if tags <= _EVERYDAY[api]:
         return
     if api == CHAT:
-        _chat(_read(body, "messages"))
+        _chat(_read(body, "messages"), no_images)
     elif api == RESPONSES:
         got = request_fields(body, ["input", "tools", "tool_choice"])
-        _responses_input(got.get("input"))
+        _responses_input(got.get("input"), no_images)
         _responses_tools(got.get("tools"), got.get("tool_choice"))
     else:
-        _messages(_read(body, "messages"))
+        _messages(_read(body, "messages"), no_images)
 
 
 def _read(body: Any, name: str) -> Any:
@@ -101,36 +104,36 @@ def _kind(block: Any) -> Any:
     return block.get("type") if isinstance(block, dict) else None
 
 
-def _chat(messages: Any) -> None:
+def _chat(messages: Any, no_images: str | None) -> None:
     for i, m in enumerate(messages if isinstance(messages, list) else ()):
         if not isinstance(m, dict):
             continue
         for j, part in enumerate(_parts(m.get("content"))):
             kind = _kind(part)
-            if kind == "image_url" and not VISION:
-                raise _refuse(f"messages[{i}].content[{j}]", _NO_VISION)
+            if kind == "image_url" and no_images:
+                raise _refuse(f"messages[{i}].content[{j}]", no_images)
             if kind == "file":  # the official reads image file_data only
                 raise _refuse(f"messages[{i}].content[{j}]", _NO_FILES)
 
 
-def _responses_parts(parts: Any, where: str) -> None:
+def _responses_parts(parts: Any, where: str, no_images: str | None) -> None:
     for j, part in enumerate(_parts(parts)):
         kind = _kind(part)
-        if kind == "input_image" and not VISION:
-            raise _refuse(f"{where}[{j}]", _NO_VISION)
+        if kind == "input_image" and no_images:
+            raise _refuse(f"{where}[{j}]", no_images)
         if kind == "input_file":
             raise _refuse(f"{where}[{j}]", _NO_FILES)
 
 
-def _responses_input(items: Any) -> None:
+def _responses_input(items: Any, no_images: str | None) -> None:
     for i, item in enumerate(items if isinstance(items, list) else ()):
         if not isinstance(item, dict):
             continue
         kind = item.get("type", "message" if "role" in item else None)
         if kind == "message":
-            _responses_parts(item.get("content"), f"input[{i}].content")
+            _responses_parts(item.get("content"), f"input[{i}].content", no_images)
         elif kind in ("function_call_output", "custom_tool_call_output"):
-            _responses_parts(item.get("output"), f"input[{i}].output")
+            _responses_parts(item.get("output"), f"input[{i}].output", no_images)
         elif kind == "item_reference":
             raise _refuse(
                 f"input[{i}]",
@@ -159,22 +162,22 @@ def _responses_tools(tools: Any, choice: Any) -> None:
         raise _refuse("tool_choice", f"{kind!r} is not supported (no such tool is served)")
 
 
-def _messages(messages: Any) -> None:
+def _messages(messages: Any, no_images: str | None) -> None:
     for i, m in enumerate(messages if isinstance(messages, list) else ()):
         if not isinstance(m, dict):
             continue
         for j, block in enumerate(_parts(m.get("content"))):
             where = f"messages.{i}.content.{j}"
-            _messages_block(block, where)
+            _messages_block(block, where, no_images)
             if _kind(block) == "tool_result":
                 for k, inner in enumerate(_parts(block.get("content"))):
-                    _messages_block(inner, f"{where}.content.{k}")
+                    _messages_block(inner, f"{where}.content.{k}", no_images)
 
 
-def _messages_block(block: Any, where: str) -> None:
+def _messages_block(block: Any, where: str, no_images: str | None) -> None:
     kind = _kind(block)
-    if kind == "image" and not VISION:
-        raise ApiError(400, f"{where}: {_NO_VISION}")
+    if kind == "image" and no_images:
+        raise ApiError(400, f"{where}: {no_images}")
     if kind == "document":
         raise ApiError(
             400,

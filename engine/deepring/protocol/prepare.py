@@ -20,7 +20,7 @@ import random
 import re
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -42,9 +42,11 @@ from deepring_recipe import (
     request_fields,
 )
 
-from deepring.protocol import allowed_tools, fields
+from deepring.image_spans import EncodedImage
+from deepring.protocol import allowed_tools, fields, nested
 from deepring.protocol.errors import ApiError, field_error
 from deepring.protocol.formats import PromptFormat
+from deepring.protocol.images import IMAGE_TAGS, ImageIntake, ImageSupport
 from deepring.protocol.sampling import FIELDS as SAMPLING_FIELDS
 from deepring.protocol.sampling import sampling_fields
 from deepring.protocol.tokenizer import max_token_bytes
@@ -93,6 +95,18 @@ class Prepared:
     # The grammar the output must match (response_format json / regex, tool_choice; see
     # structured.build), None when unconstrained.
     constraint: Constraint | None = None
+    # Its images as the workers take them (protocol.images), once resolved: Recipe.prepare
+    # leaves them in `pending` (fetching and preprocessing is slow work for a worker thread:
+    # Recipe.resolve_images), with prompt_ids holding one placeholder per image until then.
+    images: list[EncodedImage] = field(default_factory=list)
+    pending: _Pending | None = None
+
+
+@dataclass(frozen=True)
+class _Pending:
+    sources: list  # ImageSource, in prompt order
+    conv: ConversationRequest
+    max_model_len: int
 
 
 class Offline(NamedTuple):
@@ -101,6 +115,7 @@ class Offline(NamedTuple):
     prompt_ids: list[int]
     constraint: Constraint | None
     params: dict[str, Any]  # SamplingParams fields the body implies
+    images: Sequence[EncodedImage] = ()  # its images, their spans in prompt_ids
 
 
 # The body fields offline generation refuses (SamplingParams carries them): the recipe's and
@@ -144,9 +159,11 @@ class Recipe:
         prompt_format: PromptFormat,
         default_thinking: bool = True,
         default_max_tokens: int | None = None,
+        images: ImageSupport | str = nested.NO_IMAGES,
     ) -> None:
         """default_max_tokens caps the output of requests that set no limit of their own (the
-        protocol's default, up to the context length, otherwise)."""
+        protocol's default, up to the context length, otherwise). images: what lays out the
+        images of a served model with a vision encoder, or why images are refused."""
         if not served_names:
             raise ValueError("a served model needs at least one name")
         if default_max_tokens is not None and default_max_tokens < 1:
@@ -164,6 +181,11 @@ class Recipe:
             .with_default_thinking_mode(default_thinking)
         )
         self.encoding = prompt_format.encoding(self.tokenizer)
+        self.images, self.no_images = None, None
+        if isinstance(images, ImageSupport):
+            self.images = ImageIntake(self.tokenizer, images.vocab_size, images.urls)
+        else:
+            self.no_images = images
         # Known when the tokenizer comes as a file: what bounds a prompt's length before encoding.
         self.max_token_bytes = (
             None if isinstance(tokenizer, Tokenizer) else max_token_bytes(tokenizer)
@@ -275,7 +297,7 @@ class Recipe:
         c = self._convert(api, body)
         read = body if c.body is None else c.body
         keys, tags, got = fields.outline(read, api.name)
-        served = fields.check(api.name, read, c.conv, keys, tags, got)
+        served = fields.check(api.name, read, c.conv, keys, tags, got, self.no_images)
         named = request_fields(read, [k for k in keys if k in OFFLINE_SAMPLING])
         for name, value in named.items():
             if value is not None and not (name == "stream" and value is False):
@@ -284,7 +306,50 @@ class Recipe:
                     "not from the request body"
                 )  # fmt: skip
         constraint = self._constraint(c.conv, served, allowed=c.allowed_tools)
-        return Offline(self._encode(c.conv), constraint, self._budget(c.conv, served))
+        ids, images = self._encode(c.conv), []
+        sources = self._image_sources(c.conv, tags)
+        if sources:
+            ids, images = self.images.expand(ids, self.images.resolve(sources))
+            ids = ids.tolist()
+        return Offline(ids, constraint, self._budget(c.conv, served), images)
+
+    def _image_sources(self, conv: ConversationRequest, tags: frozenset[str]) -> list:
+        """The request's image sources in prompt order (none unless images are served and the
+        body has image content)."""
+        if self.images is None or not tags & IMAGE_TAGS:
+            return []
+        return list(self.encoding.render_conversation(conv.conversation).image_sources)
+
+    def _max_tokens(self, conv: ConversationRequest, n: int, max_model_len: int) -> int:
+        """The output limit of a prompt of n tokens (ApiError when none fits)."""
+        try:
+            max_tokens = conv.resolve_max_tokens(n, max_model_len)
+        except ConversionError as e:
+            raise ApiError(e.status_code, str(e), openai_body=e.body) from None
+        if n + max_tokens > max_model_len:
+            # The recipe asks for at least one output token even when the prompt fills the
+            # context (it only refuses prompts longer than the context); no worker can serve it.
+            raise ApiError(
+                400,
+                f"This model's maximum context length is {max_model_len} tokens, and the "
+                f"prompt alone is {n} tokens, which leaves no room for output. "
+                "Please reduce the length of the messages.",
+            )
+        if conv.inference_options.max_tokens is None and self.default_max_tokens is not None:
+            max_tokens = min(max_tokens, self.default_max_tokens)
+        return max_tokens
+
+    def resolve_images(self, prep: Prepared) -> Prepared:
+        """A prepared request with its pending images fetched, preprocessed and laid out in its
+        prompt (slow: call it off the event loop), its output limit resolved again for the
+        longer prompt. ApiError when an image cannot be served."""
+        pending = prep.pending
+        if pending is None or self.images is None:
+            return prep
+        ids, images = self.images.expand(prep.prompt_ids, self.images.resolve(pending.sources))
+        limit = self._max_tokens(pending.conv, len(ids), pending.max_model_len)
+        params = replace(prep.params, max_tokens=int(limit))
+        return replace(prep, prompt_ids=ids, params=params, images=images, pending=None)
 
     def _budget(self, conv: ConversationRequest, served: fields.Served) -> dict[str, int]:
         """SamplingParams fields of a thinking budget (thinking.budget_tokens), when the output
@@ -306,29 +371,17 @@ class Recipe:
         read = body if c.body is None else c.body
         # Before the encoding (the costly part): a field refused here costs nothing more.
         keys, tags, got = fields.outline(read, api.name)
-        served = fields.check(api.name, read, c.conv, keys, tags, got)
+        served = fields.check(api.name, read, c.conv, keys, tags, got, self.no_images)
         extra = sampling_fields(api.name, got, c.conv.inference_options)
         if isinstance(body, (bytes, str)) and len(body) > BOUND_CHECK_BYTES:
             self._check_length_bound(c.conv.conversation, max_model_len)
         constraint = self._constraint(c.conv, served, allowed=c.allowed_tools)
         prompt_ids = self._encode(c.conv, as_array)
         conv = c.conv
-        try:
-            max_tokens = conv.resolve_max_tokens(len(prompt_ids), max_model_len)
-        except ConversionError as e:
-            raise ApiError(e.status_code, str(e), openai_body=e.body) from None
-        if len(prompt_ids) + max_tokens > max_model_len:
-            # The recipe asks for at least one output token even when the prompt fills the
-            # context (it only refuses prompts longer than the context); no worker can serve it.
-            raise ApiError(
-                400,
-                f"This model's maximum context length is {max_model_len} tokens, and the "
-                f"prompt alone is {len(prompt_ids)} tokens, which leaves no room for output. "
-                "Please reduce the length of the messages.",
-            )
+        # With images, checked again once they are laid out (resolve_images).
+        max_tokens = self._max_tokens(conv, len(prompt_ids), max_model_len)
+        sources = self._image_sources(conv, tags)
         io = conv.inference_options
-        if io.max_tokens is None and self.default_max_tokens is not None:
-            max_tokens = min(max_tokens, self.default_max_tokens)
         if io.seed is not None:
             extra["seed"] = io.seed
         seed = extra["seed"] if extra.get("seed") is not None else random.getrandbits(63)
@@ -360,4 +413,5 @@ class Recipe:
             processor=processor,
             cache_class="agent" if conv.conversation.tools else "chat",
             constraint=constraint,
+            pending=_Pending(sources, conv, max_model_len) if sources else None,
         )

@@ -30,6 +30,7 @@ import zmq
 
 from deepring import env
 from deepring.config import WorkerConfig
+from deepring.core.images import image_support
 from deepring.ipc import drops, sockets
 from deepring.ipc.codec import MessageError, decode_strict
 from deepring.ipc.curve import RingSecurity
@@ -64,6 +65,7 @@ def engine_info(config: WorkerConfig, built: BuiltEngine) -> dict:
         "max_num_batched_tokens": eng.scheduler.config.max_num_batched_tokens,
         "tokenizer": str(tok) if tok is not None else None,
         "device": _device_of(built),
+        "images": image_support(built.model, spec.speculative),
     }
 
 

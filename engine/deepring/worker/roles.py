@@ -25,6 +25,8 @@ import zmq
 
 from deepring.cache.transfer import CacheState
 from deepring.core.engine import EngineCore
+from deepring.core.images import PromptImage
+from deepring.image_spans import from_wire, to_wire
 from deepring.ipc.messages import Abort, Handoff, Message, Submit, Tokens
 from deepring.ipc.validate import constraint_problem
 from deepring.sampling.params import TokenLogprob
@@ -254,9 +256,12 @@ class PrefillRole(Role):
             return
         cut = len(ids) - msg.num_output
         try:
+            # Decoded now: bytes that are no image are this request's error, not the step's.
+            images = [PromptImage.from_encoded(im, decode=True)
+                      for im in from_wire(msg.images, msg.image_data)]  # fmt: skip
             self.engine.add(
                 local, ids[:cut], msg.sampling, msg.seed, msg.cache_class, ids[cut:],
-                constraint=msg.constraint,
+                constraint=msg.constraint, images=images,
             )  # fmt: skip
         except ValueError as e:
             # The client sees why, not which worker (the frontend's checks should have caught
@@ -299,6 +304,7 @@ class PrefillRole(Role):
             if target is None or origin is None:
                 continue
             link, rid = origin
+            images, image_data = to_wire([im.wire() for im in req.images])
             msg = Handoff(
                 rid=rid,
                 frontend_gen=self.frontend_gens.get(link, 0),
@@ -313,6 +319,8 @@ class PrefillRole(Role):
                 slot_state=state.slot_state,
                 block_state=state.block_state,
                 constraint=req.constraint,
+                images=images,
+                image_data=image_data,
             )
             try:
                 self.link.handoff(target.addr, msg)
@@ -437,6 +445,8 @@ class DecodeRole(Role):
                 self.origins.pop(local)
                 continue
             try:
+                # Kept encoded: decoded only if the request is preempted and recomputed.
+                images = [PromptImage.from_encoded(im) for im in from_wire(h.images, h.image_data)]
                 eng.admit(
                     local,
                     h.token_ids.tolist(),
@@ -447,6 +457,7 @@ class DecodeRole(Role):
                     CacheState(h.slot_state, h.block_state),
                     h.cache_class,
                     constraint=h.constraint,
+                    images=images,
                 )
             except ValueError as e:
                 failed.error(local, f"handoff rejected by {self.worker_id}: {e}")

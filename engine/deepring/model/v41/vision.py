@@ -34,12 +34,16 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from deepring.image_spans import (  # noqa: F401 - SPAN_IDS, span_ids re-exported
+    RECIPE_MERGE,
+    RECIPE_PATCH,
+    SPAN_IDS,
+    merged,
+    span_ids,
+    span_length,
+)
 from deepring.model.norm import RMSNorm
 
-# An image span's token ids are the vocabulary size plus these offsets (DeepInfer's
-# ImageTokenOffset; PAD is never laid out); ids in [vocab, vocab + SPAN_IDS) are image tokens.
-IMAGE_START, IMAGE_PAD, IMAGE, IMAGE_NEWLINE, IMAGE_END = range(5)
-SPAN_IDS = 5
 PIXEL_MEAN = 0.5
 PIXEL_STD = 0.5
 _DEPTH, _HEADS, _MLP_RATIO, _MULTIPLE_OF = 32, 16, 2.7, 128
@@ -101,19 +105,15 @@ class VisionConfig:
 
     def merged(self, n_w: int, n_h: int) -> tuple[int, int]:
         """(columns, rows) of merged patches (tokens per row, rows) of an n_w x n_h patch grid."""
-        r = self.downsample_ratio
-        return -(-n_w // r), -(-n_h // r)
+        return merged(n_w, n_h, self.downsample_ratio)
 
     def span_tokens(self, n_w: int, n_h: int) -> int:
         """Prompt tokens of an image on an n_w x n_h patch grid: start, rows + newlines, end."""
-        w, h = self.merged(n_w, n_h)
-        return h * (w + 1) + 2
+        return span_length(n_w, n_h, self.downsample_ratio)
 
-
-def span_ids(vocab: int, cols: int, rows: int) -> list[int]:
-    """The token ids of an image span of `rows` rows of `cols` merged patches."""
-    row = [vocab + IMAGE] * cols + [vocab + IMAGE_NEWLINE]
-    return [vocab + IMAGE_START, *row * rows, vocab + IMAGE_END]
+    def recipe_sized(self) -> bool:
+        """Whether the recipe's image sizing (14 px patches, 3 x 3 merged) is this tower's."""
+        return (self.patch_size, self.downsample_ratio) == (RECIPE_PATCH, RECIPE_MERGE)
 
 
 def image_rows(ids: torch.Tensor, vocab: int) -> torch.Tensor:
