@@ -99,6 +99,10 @@ def test_unknown_subcommand_is_rejected(capsys):
         (["serve", "--ep", "2", "--zero-cost"], "cannot run with --zero-cost"),
         (["serve", "--ep", "2", "--reserve-workers", "1"], "--reserve-workers does not take"),
         (["serve", "--ep", "2", "--model", "v41-tiny"], "runs DeepSeek V4 MoE models"),
+        (
+            ["serve", "--model", "v41-tiny", "--speculative", "dspark"],
+            "speculative decoding does not run V4.1 models yet",
+        ),
     ],
 )
 def test_serving_commands_refuse_bad_configurations(capsys, argv, message):

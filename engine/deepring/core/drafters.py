@@ -253,6 +253,12 @@ def drafter_problem(mode: SpecMode, config: ModelConfig, name: str) -> str | Non
     """Why model `name` (its config) cannot run speculative `mode` (None: it can): checked
     at start-up, before any weights load."""
     ds = config.dspark
+    if mode.on and config.model_type == "deepseek_v41":
+        return (
+            f"--speculative {mode}: speculative decoding does not run V4.1 models yet (model "
+            f"{name!r}'s DSpark drafter loads, drafting with it is not built); serve it without "
+            "--speculative"
+        )
     if mode.kind == "mtp" and (ds is not None or config.num_nextn_predict_layers < 1):
         return f"--speculative mtp needs MTP layers; model {name!r} has " + (
             "a DSpark drafter in their place (use dspark or fixed:N)" if ds else "none"
