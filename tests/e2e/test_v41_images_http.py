@@ -6,12 +6,14 @@ Checked against offline decoding of the same body in one process (`LLM.generate`
 the engine on the same prompt and pixels without rings, workers or handoffs), greedy: plain,
 streamed, a second turn that hits the prefix cache past the image, the same text with another
 image (a hit only before it), a decode worker killed mid-stream (the request is resubmitted with
-its image and goes on unchanged). The official SDKs are the clients. Image URLs are refused
-without an allow-list, and a corrupt image is a 400."""
+its image and goes on unchanged). The official SDKs are the clients. Image URLs are fetched
+from the allow-listed host only (the test's 127.0.0.1 server, private addresses allowed; the
+refusal without a list is tests/engine/test_image_intake.py's), and a corrupt image is a 400."""
 
 from __future__ import annotations
 
 import base64
+import http.server
 import io
 import os
 import signal
@@ -31,7 +33,9 @@ THINKING = {"type": "disabled"}
 VOCAB = 129281  # v41-tiny's: an image span starts with this id
 ARGS = ("--model", "v41-tiny", "--max-num-seqs", "4", "--max-model-len", "2048",
         "--default-thinking", "off", "--num-decode", "2",
-        "--prefill-max-num-batched-tokens", "64")  # fmt: skip
+        "--prefill-max-num-batched-tokens", "64",
+        # Image URLs from the test's own 127.0.0.1 server only.
+        "--image-url-hosts", "127.0.0.1", "--image-url-allow-private")  # fmt: skip
 TEXT = " ".join(f"note {i}: the value is {i * 37 % 101}." for i in range(30))
 
 
@@ -141,14 +145,43 @@ def test_messages_and_responses_images_are_served(served):
     assert resp.usage.output_tokens == 8
 
 
-def test_image_urls_need_an_allow_list_and_bad_images_are_400(served):
+class _Images(http.server.BaseHTTPRequestHandler):
+    def do_GET(self) -> None:
+        self.send_response(200)
+        self.send_header("Content-Type", "image/png")
+        self.send_header("Content-Length", str(len(RED)))
+        self.end_headers()
+        self.wfile.write(RED)
+
+    def log_message(self, *args) -> None:
+        pass
+
+
+def test_image_urls_come_from_allowed_hosts_only_and_bad_images_are_400(served):
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Images)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    port = srv.server_address[1]
+
+    def ask(c, url: str):
+        return c.chat.completions.create(messages=[{"role": "user", "content": [
+            {"type": "text", "text": TEXT}, {"type": "image_url", "image_url": {"url": url}},
+            {"type": "text", "text": "What is in the picture?"}]}], max_tokens=6, **KW)  # fmt: skip
+
+    try:
+        with _client(served) as c:
+            fetched = ask(c, f"http://127.0.0.1:{port}/red.png")
+            inline = ask(c, _url(RED))
+            # A host that resolves to the same address but is not on the list.
+            with pytest.raises(openai.BadRequestError) as e:
+                ask(c, f"http://localhost:{port}/red.png")
+    finally:
+        srv.shutdown()
+        srv.server_close()
+    assert fetched.choices[0].message.content == inline.choices[0].message.content
+    assert fetched.usage.prompt_tokens == inline.usage.prompt_tokens
+    assert "fetches images only from its allowed hosts (localhost is not one)" in str(e.value)
+    assert e.value.body["code"] == "invalid_image_url"
     with _client(served) as c:
-        with pytest.raises(openai.BadRequestError) as e:
-            c.chat.completions.create(messages=[{"role": "user", "content": [
-                {"type": "image_url", "image_url": {"url": "http://127.0.0.1:9/x.png"}}]}],
-                max_tokens=4, **KW)  # fmt: skip
-        assert "image URLs are not fetched by this server" in str(e.value)
-        assert e.value.body["code"] == "invalid_image_url"
         bad = "data:image/png;base64," + base64.b64encode(b"\x89PNG\r\n\x1a\nnot a png").decode()
         with pytest.raises(openai.BadRequestError) as e:
             c.chat.completions.create(messages=[{"role": "user", "content": [

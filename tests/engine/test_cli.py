@@ -103,6 +103,11 @@ def test_unknown_subcommand_is_rejected(capsys):
             ["serve", "--model", "v41-tiny", "--speculative", "dspark"],
             "speculative decoding does not run V4.1 models yet",
         ),
+        (
+            ["serve", "--image-url-allow-private"],
+            "--image-url-allow-private needs --image-url-hosts",
+        ),
+        (["serve", "--image-url-hosts", "https://x.com/"], "is not a host name or address"),
     ],
 )
 def test_serving_commands_refuse_bad_configurations(capsys, argv, message):
