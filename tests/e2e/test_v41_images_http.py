@@ -95,12 +95,14 @@ def test_image_chats_equal_offline_decoding_and_hit_the_cache_only_for_the_same_
     second = [*first, {"role": "assistant", "content": "a red square."},
               {"role": "user", "content": "and the colour again?"}]  # fmt: skip
     other = _chat(BLUE)
+    images = served.metric("deepring_prompt_images_total")
     with _client(served) as c:
         whole = c.chat.completions.create(messages=first, max_tokens=12, **KW)
         parts = [ch.choices[0].delta.content or "" for ch in c.chat.completions.create(
             messages=first, max_tokens=12, stream=True, **KW) if ch.choices]  # fmt: skip
         later = c.chat.completions.create(messages=second, max_tokens=12, **KW)
         blue = c.chat.completions.create(messages=other, max_tokens=12, **KW)
+    assert served.metric("deepring_prompt_images_total") == images + 4
     want = _offline([first, second, other], 12)
     texts = [w.text.removeprefix("\n") for w in want]
     assert whole.choices[0].message.content == texts[0]

@@ -240,3 +240,24 @@ def test_a_text_only_model_refuses_images_naming_why(v41_tokenizer_path):
     text = Recipe(v41_tokenizer_path, ["m"], PromptFormat.V41, images=why)
     e = _refused(text, _body(_png()))
     assert e.message == f"messages[0].content[1]: {why}"
+
+
+def test_a_chat_file_part_with_image_data_is_an_image_where_images_are_served(recipe):
+    png = _png((90, 40), 4)
+    url = "data:image/png;base64," + base64.b64encode(png).decode()
+    as_file = _body()
+    as_file["messages"][0]["content"].append({"type": "file", "file_data": url})
+    got = recipe.encode_offline(CHAT, as_file)
+    want = recipe.encode_offline(CHAT, _body(png))
+    assert got.prompt_ids == want.prompt_ids
+    assert [im.data for im in got.images] == [im.data for im in want.images]
+    other = _body()
+    other["messages"][0]["content"].append({"type": "file", "file_id": "file-1"})
+    assert "file_id is not supported" in _refused(recipe, other).message
+
+
+def test_a_text_only_model_refuses_file_parts_naming_why(v41_tokenizer_path):
+    text = Recipe(v41_tokenizer_path, ["m"], PromptFormat.V41)
+    body = _body()
+    body["messages"][0]["content"].append({"type": "file", "file_data": "data:image/png;base64,"})
+    assert "file input is not supported" in _refused(text, body).message

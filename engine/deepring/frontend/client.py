@@ -178,6 +178,7 @@ class EngineClient:
         st.uncached = len(prompt_ids) - self._cached_estimate(keyed)
         self.requests[rid] = st
         self.metrics.prompt_tokens += len(prompt_ids)
+        self.metrics.prompt_images += len(images)
         if not self._dispatch(st):
             self.queue.append(st)
         return rid

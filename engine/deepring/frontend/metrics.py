@@ -82,6 +82,7 @@ class Metrics:
         self.requests: dict[str, int] = {}
         self.prompt_tokens = 0
         self.cached_prompt_tokens = 0  # served from the prefix cache
+        self.prompt_images = 0  # images in submitted prompts (their spans count as tokens)
         self.rerouted = 0  # requests resubmitted after their worker was lost
         self.generated_tokens = 0
         self.rate = Rate()
@@ -128,6 +129,12 @@ class Metrics:
             "counter",
             "Prompt tokens submitted.",
             [("", self.prompt_tokens)],
+        )
+        metric(
+            "deepring_prompt_images_total",
+            "counter",
+            "Images in submitted prompts (each laid out as its span of prompt tokens).",
+            [("", self.prompt_images)],
         )
         metric(
             "deepring_requests_rerouted_total",

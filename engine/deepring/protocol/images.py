@@ -37,8 +37,6 @@ from deepring.image_spans import RECIPE_PATCH, EncodedImage, merged, span_ids, s
 from deepring.protocol.errors import ApiError, field_error
 
 PLACEHOLDER = "<｜image｜>"
-# The type tags of image content in the three APIs (protocol.fields' outline lists a body's).
-IMAGE_TAGS = frozenset({"image_url", "input_image", "image"})
 # A host name, IPv4 address or IPv6 address as urlsplit gives it (no brackets).
 _HOST = re.compile(r"[a-z0-9]([a-z0-9.:-]*[a-z0-9])?")
 

@@ -112,7 +112,9 @@ def _chat(messages: Any, no_images: str | None) -> None:
             kind = _kind(part)
             if kind == "image_url" and no_images:
                 raise _refuse(f"messages[{i}].content[{j}]", no_images)
-            if kind == "file":  # the official reads image file_data only
+            # The official reads a file part's image file_data as an image (and refuses other
+            # file data with its own 400): served where images are, refused where not.
+            if kind == "file" and no_images:
                 raise _refuse(f"messages[{i}].content[{j}]", _NO_FILES)
 
 

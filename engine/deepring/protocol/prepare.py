@@ -46,7 +46,7 @@ from deepring.image_spans import EncodedImage
 from deepring.protocol import allowed_tools, fields, nested
 from deepring.protocol.errors import ApiError, field_error
 from deepring.protocol.formats import PromptFormat
-from deepring.protocol.images import IMAGE_TAGS, ImageIntake, ImageSupport
+from deepring.protocol.images import ImageIntake, ImageSupport
 from deepring.protocol.sampling import FIELDS as SAMPLING_FIELDS
 from deepring.protocol.sampling import sampling_fields
 from deepring.protocol.tokenizer import max_token_bytes
@@ -307,16 +307,21 @@ class Recipe:
                 )  # fmt: skip
         constraint = self._constraint(c.conv, served, allowed=c.allowed_tools)
         ids, images = self._encode(c.conv), []
-        sources = self._image_sources(c.conv, tags)
+        sources = self._image_sources(c.conv, ids)
         if sources:
             ids, images = self.images.expand(ids, self.images.resolve(sources))
             ids = ids.tolist()
         return Offline(ids, constraint, self._budget(c.conv, served), images)
 
-    def _image_sources(self, conv: ConversationRequest, tags: frozenset[str]) -> list:
-        """The request's image sources in prompt order (none unless images are served and the
-        body has image content)."""
-        if self.images is None or not tags & IMAGE_TAGS:
+    def _image_sources(self, conv: ConversationRequest, ids) -> list:
+        """The request's image sources in prompt order: none unless images are served and the
+        prompt holds an image placeholder (only an image source renders one: text never
+        encodes to a special token), whatever content brought it (Chat's image_url and file
+        parts, Responses' input_image, Messages' image blocks)."""
+        if self.images is None:
+            return []
+        ph = self.images.placeholder
+        if not (bool((ids == ph).any()) if isinstance(ids, np.ndarray) else ph in ids):
             return []
         return list(self.encoding.render_conversation(conv.conversation).image_sources)
 
@@ -380,7 +385,7 @@ class Recipe:
         conv = c.conv
         # With images, checked again once they are laid out (resolve_images).
         max_tokens = self._max_tokens(conv, len(prompt_ids), max_model_len)
-        sources = self._image_sources(conv, tags)
+        sources = self._image_sources(conv, prompt_ids)
         io = conv.inference_options
         if io.seed is not None:
             extra["seed"] = io.seed
