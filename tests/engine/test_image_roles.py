@@ -16,7 +16,7 @@ from deepring import LLM, SamplingParams
 from deepring.config import EngineSpec
 from deepring.image_spans import to_wire
 from PIL import Image
-from test_worker_roles import Stream, _pipeline, _submit, _wire
+from test_worker_roles import Stream, _pipeline, _run, _submit, _wire
 
 SPEC = EngineSpec(model="v41-tiny", max_model_len=512, max_num_seqs=4, max_num_batched_tokens=96)
 # Room for the two prompts' blocks and one more: both grow past it while decoding.
@@ -57,20 +57,11 @@ def test_image_requests_survive_handoff_and_a_recompute_at_decode(llm):
         enc = llm._encode(body)
         assert len(enc.prompt_ids) > 128  # two blocks each, growing to three
         pre.handle(_with_images(_submit(rid, enc.prompt_ids, params), enc.images))
-    stream, handoffs_with_images = Stream(), 0
-    for _ in range(2000):
-        if not (pre.busy or dec.busy):
-            break
-        if pre.busy:
-            pre.step()
-        frontend, handoffs = link.take()
-        stream.feed(frontend)
-        for h in handoffs:
-            handoffs_with_images += len(h.images) == 1 and len(h.image_data) > 0
-            dec.handle(h)
-        dec.step()
-        stream.feed(link.take()[0])
-    assert handoffs_with_images == 2
+    stream, handed = Stream(), []
+    receive = dec.handle
+    dec.handle = lambda h, link=0: (handed.append(h), receive(h, link))[1]  # (counts them)
+    _run(link, pre, dec, stream, steps=2000)
+    assert [(len(h.images), len(h.image_data) > 0) for h in handed] == [(1, True)] * 2
     assert dec.engine.scheduler.num_preemptions > 0, "a request should have been recomputed"
     assert not stream.errors
     assert [stream.ids(r) for r in range(2)] == want
