@@ -22,7 +22,7 @@ import gc
 import heapq
 import itertools
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -33,9 +33,10 @@ from deepring.cost.model import StepCost
 from deepring.cost.pacer import PacerConfig
 from deepring.ipc.messages import Handoff, Health, Message, Stats, Submit, Tokens
 from deepring.routing.prefix_estimate import PrefixEstimate
-from deepring.routing.registry import WorkerRegistry, WorkerState
+from deepring.routing.registry import WorkerRegistry
 from deepring.sampling.params import SamplingParams
-from deepring.sim import fastforward
+from deepring.sim import batch, fastforward
+from deepring.sim.frontend import ReqState, TokenBooks, _Stream
 from deepring.sim.runner import SharedBlocks, SimPrefix, SimRunner, WorkerClock
 from deepring.sim.trace import Session
 from deepring.worker.roles import DecodeRole, PrefillRole
@@ -74,6 +75,11 @@ class ClusterConfig:
     # Steady decode steps outside those runs applied without the scheduler (sim.fastforward's
     # `step`); the same simulation either way, False for checking that.
     fast_steps: bool = True
+    # What is carried from step to step instead of read again: a decode worker's batch
+    # (sim.batch), its messages' requests at the frontend (sim.frontend), a conversation's block
+    # chain (runner.SharedBlocks.extend). False: everything read and hashed again each time (the
+    # same simulation, slower, for checking that).
+    incremental: bool = True
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -83,24 +89,6 @@ class ClusterConfig:
             raise ValueError("give the workers' step-time model")
         if not 0 <= self.warmup < 1:
             raise ValueError("warmup is a share of the arrival span, in [0, 1)")
-
-
-@dataclass(slots=True)  # its fields are read for every token
-class ReqState:
-    rid: int
-    session: Session
-    turn: int
-    prompt: np.ndarray
-    arrival: float
-    uncached: int = 0
-    prefill: str | None = None
-    decode: str | None = None
-    first_at: float | None = None
-    last_at: float = 0.0
-    received: int = 0
-    output: list[int] = field(default_factory=list)
-    done_at: float | None = None
-    error: str | None = None
 
 
 class _Link:
@@ -125,6 +113,7 @@ class SimWorker:
         self.id, self.role_name = wid, role
         self.clock = WorkerClock()
         self.runner = SimRunner(truth, self.clock, c.noise, seed)
+        self.runner.incremental = c.incremental
         decode = role == "decode"
         seqs = c.max_num_seqs if decode else c.prefill_seqs
         blocks_per_seq = -(-c.max_model_len // c.block_size)
@@ -145,8 +134,9 @@ class SimWorker:
             pacing=pacing,
             clock=self.clock,
         )
+        self.prefix = None if decode else SimPrefix(cluster.shared)
         if not decode:
-            self.engine.scheduler.prefix = SimPrefix(cluster.shared)
+            self.engine.scheduler.prefix = self.prefix
         cls = DecodeRole if decode else PrefillRole
         self.role = cls(self.engine, _Link(cluster, self), wid, 1)
         self.inbox: deque[Message] = deque()
@@ -171,7 +161,7 @@ class SimWorker:
         }  # fmt: skip
 
 
-class Cluster:
+class Cluster(TokenBooks):
     def __init__(self, config: ClusterConfig, sessions: list[Session]) -> None:
         c = self.config = config
         self.now = 0.0
@@ -195,10 +185,15 @@ class Cluster:
                 self.registry.add(wid, health)
         self.requests: dict[int, ReqState] = {}
         self.finished: list[ReqState] = []
-        # Every time between two tokens of a request, as clients see it: values and how many
-        # times each occurred (a run's steps are the same gaps for all its requests).
+        # Every time between two tokens of a request, as clients see it (TokenBooks.tbt_gaps):
+        # one each, and the gaps between a run's steps with how many requests saw them.
         self.gaps: list[float] = []
-        self.gap_weights: list[int] = []
+        self.shared_gaps: list[float] = []
+        self.shared_counts: list[int] = []
+        # Per decode worker: the stream of its messages (TokenBooks).
+        self._books: dict[str, _Stream] = {}
+        # Per (application, length): its system prompt's tokens and their chain.
+        self._systems: dict[tuple[int, int], tuple[np.ndarray, list[bytes]]] = {}
         self.queue: deque[ReqState] = deque()
         self._rids = itertools.count(1)
         self.sessions = sessions
@@ -236,6 +231,7 @@ class Cluster:
             self._run(end, max_events)
         finally:
             gc.set_threshold(*threshold)
+            self.settle_all()
         return self
 
     def _run(self, end: float, max_events: int) -> None:
@@ -261,22 +257,37 @@ class Cluster:
 
     def _arrive(self, session: Session, k: int, prev: ReqState | None) -> None:
         if self.now > self.window[1]:
+            if prev is not None:
+                prev.history = prev.chain = None
             return  # the trace is over: no new load while the last requests drain
         turn = session.turns[k]
         rng = np.random.default_rng((session.sid, k))
         new = rng.integers(2000, 100_000, turn.new_tokens, dtype=np.int32)
         if prev is None:
-            system = np.random.default_rng((1 << 40) + session.app)
-            prompt = np.concatenate(
-                [system.integers(2000, 100_000, session.system_tokens, dtype=np.int32), new]
-            )
-        else:
-            prompt = np.concatenate([prev.prompt, np.asarray(prev.output, np.int32), new])
+            before, chain = self._system(session)
+        else:  # the earlier turn's prompt and answer (_done kept them, with their chain)
+            before, chain = prev.history, prev.chain
+            prev.history = prev.chain = None
+        prompt = np.concatenate([before, new])
         st = ReqState(next(self._rids), session, k, prompt, arrival=self.now)
+        if self.config.incremental:
+            # The chain of the prompt's full blocks: the part before's, continued.
+            st.chain = self.shared.extend(chain, prompt, len(prompt) // self.config.block_size)
         st.uncached = len(prompt) - self.estimate.cached_tokens(prompt)
         self.requests[st.rid] = st
         if self.queue or not self._dispatch(st):
             self.queue.append(st)
+
+    def _system(self, session: Session) -> tuple[np.ndarray, list[bytes]]:
+        """The session's system prompt (its application's: the same for all its sessions) and
+        the chain of its full blocks, made once."""
+        key = (session.app, session.system_tokens)
+        if key not in self._systems:
+            rng = np.random.default_rng((1 << 40) + session.app)
+            tokens = rng.integers(2000, 100_000, session.system_tokens, dtype=np.int32)
+            chain = self.shared.extend([], tokens, len(tokens) // self.config.block_size)
+            self._systems[key] = (tokens, chain)
+        return self._systems[key]
 
     def _dispatch(self, st: ReqState) -> bool:
         n = len(st.prompt)
@@ -305,90 +316,38 @@ class Cluster:
         elif isinstance(msg, Tokens):
             self._on_tokens(w, msg, times)
 
-    def _on_tokens(self, w: WorkerState, msg: Tokens, times: list[float] | None) -> None:
-        """times: when each of a run's tokens was made (sim.fastforward), else all now."""
-        now, ids, wid = self.now, msg.token_ids.tolist(), w.id
-        get, gap, weigh = self.requests.get, self.gaps.append, self.gap_weights.append
-        # A request's first token of the message came at `first`, its last at `last`.
-        first, last = (now, now) if times is None else (times[0], times[-1])
-        shared_gaps = 0  # requests that saw the run's later steps (counted once below)
-        rids, counts = msg.rids, msg.counts
-        # The requests on w with the message's count: registry.grew for them in one call.
-        same, held = (counts[0] if counts else 0), []
-        if counts == [1] * len(rids):  # a token each (a step's message): no slicing
-            for rid, token in zip(rids, ids, strict=True):
-                st = get(rid)
-                if st is None:
-                    continue
-                if st.first_at is None:
-                    self._first_token(st, w)
-                else:
-                    gap(first - st.last_at)
-                    weigh(1)
-                    shared_gaps += 1
-                st.last_at = last
-                st.output.append(token)
-                st.received += 1
-                if st.decode == wid:
-                    held.append(rid)
-                else:
-                    self.registry.grew(rid, st.decode, 1)
-        else:
-            pos = 0
-            for rid, count in zip(rids, counts, strict=True):
-                st = get(rid)
-                end = pos + count
-                if st is not None:
-                    if st.first_at is None:
-                        self._first_token(st, w)
-                    else:
-                        gap(first - st.last_at)
-                        weigh(1)
-                        shared_gaps += 1
-                    st.last_at = last
-                    st.output.extend(ids[pos:end])
-                    st.received += count
-                    if count == same and st.decode == wid:
-                        held.append(rid)
-                    else:
-                        self.registry.grew(rid, st.decode, count)
-                pos = end
-        if held:  # before a finished request leaves the books below
-            self.registry.grew_many(held, wid, same)
-        if shared_gaps and times is not None:
-            for a, b in itertools.pairwise(times):
-                gap(b - a)
-                weigh(shared_gaps)
-        for rid, _reason, _total in msg.finished:
-            st = self.requests.get(rid)
-            if st is not None:
-                self._done(st)
-        for rid, message in msg.errors:
-            st = self.requests.get(rid)
-            if st is not None:
-                st.error = str(message)
-                self._done(st)
-
-    def _first_token(self, st: ReqState, w: WorkerState) -> None:
-        st.first_at = self.now
-        self.registry.prefilled(st.rid, st.uncached, w)
-        self.shared.write(st.prompt)  # the prefill worker wrote the prompt's blocks
-
     def _done(self, st: ReqState) -> None:
+        stream = self._books.pop(st.decode, None)  # its decode worker's: put on the states
+        if stream is not None:
+            self._settle(stream)
         del self.requests[st.rid]
         st.done_at = self.now
         self.registry.release(
             st.rid, len(st.prompt), st.received, st.prefill, st.decode, uncached=st.uncached
         )
         self.finished.append(st)
+        chain, st.chain = st.chain, None
         if st.error is None:
-            self.shared.write(np.concatenate([st.prompt, np.asarray(st.output, np.int32)]))
+            # Its prompt and answer are written; the next turn's prompt continues them.
+            history = np.concatenate([st.prompt, *st.chunks])
+            chain = self._write(history, chain)
             nxt = st.turn + 1
             if nxt < len(st.session.turns):
+                st.history, st.chain = history, chain
                 think = st.session.turns[nxt].think_s
                 self.push(self.now + think, "arrive", (st.session, nxt, st))
         while self.queue and self._dispatch(self.queue[0]):
             self.queue.popleft()
+
+    def _write(self, tokens: np.ndarray, chain: list[bytes] | None) -> list[bytes] | None:
+        """The shared tier has the full blocks of these tokens now. chain: that of a prefix of
+        them (None: hash them all, as without ClusterConfig.incremental); their own chain."""
+        if chain is None:
+            self.shared.write(tokens)
+            return None
+        chain = self.shared.extend(chain, tokens, len(tokens) // self.config.block_size)
+        self.shared.add(chain)
+        return chain
 
     def _sample(self) -> None:
         steps, blocks, n = [], [], 0
@@ -396,7 +355,7 @@ class Cluster:
             if w.role_name != "decode":
                 continue
             running = w.engine.scheduler.running
-            context = sum(r.num_tokens for r in running)
+            context = batch.held_tokens(w.role, w.runner)
             steps.append(w.runner.truth.decode_step(len(running), context))
             blocks.append(w.engine.blocks.num_used)
             n += len(running)
@@ -430,7 +389,10 @@ class Cluster:
             self._finish_run(w)
             t = self.now
         while w.inbox:
-            w.role.handle(w.inbox.popleft(), 0)
+            msg = w.inbox.popleft()
+            w.role.handle(msg, 0)
+            if w.prefix is not None and isinstance(msg, Submit):
+                self._hint(w, msg)
         w.awake_at = None
         if w.role.busy:
             run = None
@@ -444,6 +406,7 @@ class Cluster:
             fast = self.config.fast_steps and isinstance(w.role, DecodeRole)
             if not (fast and fastforward.step(w.role, w.runner)):
                 w.role.step()
+                w.runner.batch = None  # the scheduler's step: sim.batch reads the batch again
             if w.engine.num_steps > steps:
                 self._account(w, t, w.clock.now - t)
                 self._wake_at(w, w.clock.now)
@@ -454,6 +417,17 @@ class Cluster:
                           busy_seconds=load["step_seconds"], **load)  # fmt: skip
             self.push(now + self.config.latency_s, "frontend", (w.id, stats))
             w.next_stats = now + self.config.stats_interval
+
+    def _hint(self, w: SimWorker, msg: Submit) -> None:
+        """Tell prefill worker w's SimPrefix the chain of the request it took (the cluster has
+        it: SimPrefix would hash the prompt again)."""
+        st = self.requests.get(msg.rid)
+        local = w.role.origins.local(0, msg.rid)
+        req = w.engine.requests.get(local) if local is not None else None
+        if st is not None and req is not None and st.chain is not None:
+            n = len(req.prompt_ids)
+            if n == len(st.prompt) and not req.output_ids:  # its tokens are the prompt
+                w.prefix.hint(req, st.chain[: (n - 1) // self.config.block_size])
 
     def _finish_run(self, w: SimWorker) -> None:
         run, steps = w.run, w.run_steps

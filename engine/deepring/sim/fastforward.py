@@ -19,6 +19,11 @@ and block ids are handed out in another order.
 `step` is one such step outside a run (the step that crosses a load report, admits a handoff or
 finishes a request): what role.step would do, float for float, without the scheduler's
 per-request objects; the simulation is the same with or without it.
+
+What the three need of the batch (is every request steady, the fewest tokens one may still add,
+the tokens held, each request's next token) comes from sim.batch, read when the batch changes
+rather than before every step; the tokens of a step are SimRunner.token_at's, taken off one
+cycle of them (sim.batch.cycle).
 """
 
 from __future__ import annotations
@@ -28,11 +33,17 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from deepring.core.engine import EngineCore
 from deepring.cost.model import StepShape
 from deepring.ipc.messages import Tokens
-from deepring.sim.runner import SimRunner
+from deepring.sim import batch
+from deepring.sim.runner import PERIOD, SimRunner
 from deepring.worker.roles import DecodeRole
+
+# A Tokens message's empty log probability arrays, shared (its defaults make new ones).
+_NO_LOGPROBS = {
+    "logprobs": np.zeros(0, dtype=np.float32), "top_ids": np.zeros(0, dtype=np.int32),
+    "top_logprobs": np.zeros(0, dtype=np.float32),
+}  # fmt: skip
 
 
 @dataclass
@@ -43,42 +54,39 @@ class Run:
     seconds: list[float]
 
 
-def _steady(role: DecodeRole, engine: EngineCore) -> bool:
-    s = engine.scheduler
-    if role.pending or s.waiting or not s.running or engine.eos_token_ids:
-        return False
-    # Request.pending == 1, spelled out: this runs for every request before most steps.
-    for r in s.running:
-        if len(r.prompt_ids) + len(r.output_ids) - r.num_cached != 1 or r.params.stop_token_ids:
-            return False
-    return True
-
-
 def plan(role: DecodeRole, runner: SimRunner, until: float, min_steps: int = 2) -> Run | None:
     """The run of trivial decode steps from now (None when the next step is not trivial or the
     run would be shorter than min_steps). until: the run ends with the first step that ends at
     or after it (the next load report)."""
     engine = role.engine
-    if not _steady(role, engine):
+    s = engine.scheduler
+    if role.pending or s.waiting or not s.running or engine.eos_token_ids:
         return None
-    running = engine.scheduler.running
-    left = min([r.params.max_tokens - len(r.output_ids) for r in running])
+    b = batch.current(role, runner)
+    if b is None:
+        return None
+    left = b.left - b.k
     if left - 1 < min_steps:
         return None
     bs = engine.block_size
+    running = s.running
+    free = engine.blocks.num_free
+    batch_size = len(running)
     # Tokens each request can still add in the blocks it holds; step i (from 0) needs a new
     # block for every request with less than i + 1 of that room (and a run is far shorter
-    # than a block, so no request needs two).
-    cached = [r.num_cached for r in running]
-    rooms = sorted([len(r.blocks) * bs - c for r, c in zip(running, cached, strict=True)])
-    free = engine.blocks.num_free
-    batch, context = len(running), float(sum(cached))
+    # than a block, so no request needs two). With a free block per request (and every
+    # request's blocks holding its tokens) no step runs out: the rooms are not needed.
+    rooms = None
+    if not (runner.incremental and b.fits and free >= batch_size):
+        rooms = sorted([len(r.blocks) * bs - r.num_cached for r in running])
+    # Every request cached one more token per step since the batch was read.
+    context = float(b.cached + batch_size * b.k)
     t = runner.clock.now
     run = Run(t, [], [], [])
     for i in range(min(left - 1, bs)):
-        if bisect.bisect_left(rooms, i + 1) > free:
+        if rooms is not None and bisect.bisect_left(rooms, i + 1) > free:
             break
-        shape = StepShape(batch, batch, 0.0, context + batch * (i + 1))
+        shape = StepShape(batch_size, batch_size, 0.0, context + batch_size * (i + 1))
         seconds = runner.duration(shape)
         t += seconds
         run.ends.append(t)
@@ -107,54 +115,57 @@ def step(role: DecodeRole, runner: SimRunner) -> bool:
         or engine.on_compute is not None or role.outbox is not None
     ):  # fmt: skip
         return False
+    b = batch.current(role, runner)
+    if b is None or not b.plain:  # all steady, and nothing else the engine would act on
+        return False
     bs = engine.block_size
-    grow, need, cached = [], 0, 0
-    for r in running:  # _steady's test, and what else the engine would act on
-        c = r.num_cached
-        if (
-            len(r.prompt_ids) + len(r.output_ids) - c != 1 or r.params.stop_token_ids
-            or r.drafts or r.grammar is not None or r.new_logprob is not None
-        ):  # fmt: skip
-            return False
-        # The scheduler grows every request by a token before the step.
-        n = -(-(c + 1) // bs) - len(r.blocks)
-        grow.append(n)
-        if n > 0:
-            need += n
-        cached += c
     blocks = engine.blocks
-    if need > blocks.num_free:
-        return False  # someone would be preempted
-    batch = len(running)
+    batch_size = len(running)
+    if not (runner.incremental and b.fits and blocks.num_free >= batch_size):
+        # The scheduler grows every request by a token before the step: the blocks that takes.
+        need = 0
+        for r in running:
+            n = -(-(r.num_cached + 1) // bs) - len(r.blocks)
+            if n > 0:
+                need += n
+        if need > blocks.num_free:
+            return False  # someone would be preempted
+    k = b.k
     # StepShape.of's sums: integers, exact in a float.
-    shape = StepShape(batch, batch, 0.0, float(cached + batch))
+    shape = StepShape(batch_size, batch_size, 0.0, float(b.cached + batch_size * k + batch_size))
     clock = runner.clock
     t0 = clock.now
     seconds = runner.duration(shape)
     clock.now += seconds
     runner.last = (shape, seconds)
-    runner.last_decodes = batch
+    runner.last_decodes = batch_size
     engine.num_steps += 1
-    token_at, origin_of = runner.token_at, role.origins.get
-    rids, offsets, ids, stops = [], [], [], []
-    for r, n in zip(running, grow, strict=True):
-        if n > 0:
-            r.blocks.extend(blocks.allocate(n))
-        r.num_cached += 1
-        out = r.output_ids
-        token = token_at(r.seed, len(r.prompt_ids) + len(out))
-        out.append(token)
-        p = r.params
-        if token == p.think_end_id:
-            r.thinking_ended = True
-        origin = origin_of(r.rid)
-        if origin is not None:  # the role's TokensOut, for the one frontend link
-            rids.append(origin[1])
-            offsets.append(len(out) - 1)
-            ids.append(token)
-        if len(out) >= p.max_tokens:
-            stops.append((r, origin))
-    engine.num_generated += batch
+    # Every request's SimRunner.token_at(seed, length) (its tokens are k past the batch's start).
+    kk = k % PERIOD
+    cyc, cyc_array = batch.cycle(1)
+    allocate = blocks.allocate
+    for r, start in zip(running, b.start, strict=True):
+        c = r.num_cached
+        if c >= len(r.blocks) * bs:  # the block its next token goes into
+            r.blocks.extend(allocate(-(-(c + 1) // bs) - len(r.blocks)))
+        r.num_cached = c + 1
+        r.output_ids.append(cyc[start + kk])
+    if b.thinks:
+        for r in running:
+            if r.output_ids[-1] == r.params.think_end_id:
+                r.thinking_ended = True
+    # The role's TokensOut, for the one frontend link: the requests it knows, in batch order.
+    offsets = [o + k for o in b.offsets]
+    ids = cyc_array[b.start_np + kk]
+    if not b.everyone:
+        ids = ids[b.keep]
+    stops = []
+    if b.left - k <= 1:  # some request reaches max_tokens with this token
+        origin_of = role.origins.get
+        stops = [(r, origin_of(r.rid)) for r in running
+                 if len(r.output_ids) >= r.params.max_tokens]  # fmt: skip
+    b.advance(1)
+    engine.num_generated += batch_size
     finished = []
     for r, origin in stops:
         engine.finish(r, "length")
@@ -168,11 +179,12 @@ def step(role: DecodeRole, runner: SimRunner) -> bool:
     engine.step_seconds += took
     engine.cost.observe(shape, took)
     engine.last_step = (shape, took)
-    if rids:
+    if b.fronts:
+        # b.fronts itself: nothing changes a message's lists once it is sent.
         msg = Tokens(
-            worker=role.worker_id, rids=rids, offsets=offsets, counts=[1] * len(rids),
-            token_ids=np.asarray(ids, dtype=np.int32), finished=finished, cache_hits=[],
-            errors=[],
+            worker=role.worker_id, rids=b.fronts, offsets=offsets, counts=[1] * len(ids),
+            token_ids=ids, finished=finished, cache_hits=[], errors=[], logprob_k=[],
+            **_NO_LOGPROBS,
         )  # fmt: skip
         role.link.to_frontend(msg)
     return True
@@ -190,23 +202,21 @@ def apply(role: DecodeRole, runner: SimRunner, run: Run, steps: int) -> Tokens |
     """Put the first `steps` steps of the run on the engine; the Tokens message they send."""
     engine = role.engine
     running = engine.scheduler.running
-    # Every request's tokens of the run at once: row j holds request j's (SimRunner.token_at).
-    firsts = [r.seed + len(r.prompt_ids) + len(r.output_ids) for r in running]
-    table = runner.token_at(np.array(firsts, dtype=np.int64)[:, None] + np.arange(steps), 0)
-    bs, blocks, origin_of = engine.block_size, engine.blocks, role.origins.get
-    rids, offsets, keep = [], [], []
-    for j, (r, row) in enumerate(zip(running, table.tolist(), strict=True)):
-        out = r.output_ids
-        origin = origin_of(r.rid)
-        if origin is not None:
-            rids.append(origin[1])
-            offsets.append(len(out))
-            keep.append(j)
-        r.num_cached += steps
-        out.extend(row)
-        need = -(-r.num_cached // bs) - len(r.blocks)  # engine.blocks_for
-        if need > 0:
-            r.blocks.extend(blocks.allocate(need))
+    b = batch.current(role, runner)
+    if b is None:  # nothing may step a worker during its run
+        raise RuntimeError(f"{role.worker_id}: its batch changed during a run")
+    # Every request's tokens of the run (SimRunner.token_at, k past the batch's start).
+    k = b.k
+    kk = k % PERIOD
+    cyc, cyc_array = batch.cycle(steps)
+    bs, allocate = engine.block_size, engine.blocks.allocate
+    for r, start in zip(running, b.start, strict=True):
+        c = r.num_cached + steps
+        r.num_cached = c
+        r.output_ids += cyc[start + kk : start + kk + steps]
+        if c > len(r.blocks) * bs:
+            r.blocks.extend(allocate(-(-c // bs) - len(r.blocks)))  # engine.blocks_for
+    b.advance(steps)
     engine.cost.observe_many(run.shapes[:steps], run.seconds[:steps])
     engine.num_steps += steps
     engine.num_generated += steps * len(running)
@@ -215,10 +225,13 @@ def apply(role: DecodeRole, runner: SimRunner, run: Run, steps: int) -> Tokens |
     runner.clock.now = run.ends[steps - 1]
     runner.last = engine.last_step
     runner.last_decodes = len(running)
-    if not rids:
+    if not b.fronts:
         return None
+    # Row j: request j's tokens.
+    table = cyc_array[(b.start_np if b.everyone else b.start_np[b.keep])[:, None]
+                      + np.arange(kk, kk + steps)]  # fmt: skip
     return Tokens(
-        worker=role.worker_id, rids=rids, offsets=offsets, counts=[steps] * len(rids),
-        token_ids=(table if len(keep) == len(running) else table[keep]).astype(np.int32).ravel(),
-        finished=[], cache_hits=[], errors=[],
+        worker=role.worker_id, rids=b.fronts, offsets=[o + k for o in b.offsets],
+        counts=[steps] * len(b.fronts), token_ids=table.ravel(), finished=[], cache_hits=[],
+        errors=[], logprob_k=[], **_NO_LOGPROBS,
     )  # fmt: skip

@@ -28,8 +28,8 @@ def _pct(xs, q: float) -> float:
     return float(np.percentile(xs, q)) if len(xs) else float("nan")
 
 
-def _weighted_pct(values: list[float], weights: list[int], q: float) -> float:
-    if not values:
+def _weighted_pct(values, weights, q: float) -> float:
+    if not len(values):
         return float("nan")
     v, w = np.asarray(values), np.asarray(weights, dtype=float)
     order = np.argsort(v)
@@ -59,14 +59,15 @@ def summarize(
         tbt = (st.last_at - st.first_at) / (st.received - 1) if st.received > 1 else 0.0
         met += st.first_at - st.arrival <= slo_ttft_s and tbt <= slo_tbt_s
     total = len(mine) + len(running)
+    gaps, counts = cluster.tbt_gaps()
     out = {
         "requests": total,
         "failed": sum(st.error is not None for st in mine),
         "unfinished": len(running),
         "ttft_p50_ms": _pct(ttft, 50) * 1e3,
         "ttft_p99_ms": _pct(ttft, 99) * 1e3,
-        "tbt_p50_ms": _weighted_pct(cluster.gaps, cluster.gap_weights, 50) * 1e3,
-        "tbt_p99_ms": _weighted_pct(cluster.gaps, cluster.gap_weights, 99) * 1e3,
+        "tbt_p50_ms": _weighted_pct(gaps, counts, 50) * 1e3,
+        "tbt_p99_ms": _weighted_pct(gaps, counts, 99) * 1e3,
         "slo_attainment": met / total if total else float("nan"),
     }
     roles: dict[str, list] = {"prefill": [], "decode": []}

@@ -10,10 +10,17 @@ of (seed, position), as in the zero-cost runner; requests end at max_tokens.
 Redis store): the hash chains of the full blocks written so far. `SimPrefix` is the scheduler's
 prefix-cache hook (core.scheduler calls ready / acquire / release): a request admitted on a
 worker starts after its longest chain of written blocks, at least one token short of its end.
+
+A chain is PrefixEstimate.chain's digests (each block's digest covers its parent's), so the
+chain of a conversation's next prompt starts with the chain of the previous prompt and answer:
+the cluster keeps each request's chain and hashes only the blocks a turn adds
+(`SharedBlocks.extend`), where hashing every prompt from its start again cost more than the
+rest of a prefill.
 """
 
 from __future__ import annotations
 
+import hashlib
 import random
 import weakref
 
@@ -22,6 +29,10 @@ import numpy as np
 from deepring.core.scheduler import Scheduled
 from deepring.cost.model import StepCost, StepShape
 from deepring.routing.prefix_estimate import PrefixEstimate
+
+# SimRunner.token_at depends on (seed + position) modulo this only (sim.batch reads the tokens
+# of steady steps off one cycle of them).
+PERIOD = 1000
 
 
 class WorkerClock:
@@ -47,6 +58,10 @@ class SimRunner:
         self.pool = None  # no cache tensors: handoffs carry empty records
         self.last = (StepShape(), 0.0)  # the last step: its shape and simulated seconds
         self.last_decodes = 0  # its chunks of one token
+        # A decode worker's running batch as sim.fastforward last saw it (sim.batch.Batch);
+        # incremental False: it is read again from the requests at every step (for checking).
+        self.batch = None
+        self.incremental = True
 
     def duration(self, shape: StepShape) -> float:
         """Seconds a step of this shape takes (one noise draw per step)."""
@@ -58,7 +73,7 @@ class SimRunner:
     @staticmethod
     def token_at(seed: int, position: int) -> int:
         """The token sampled at `position` (the request's length before it)."""
-        return 1000 + (seed + position) % 1000
+        return 1000 + (seed + position) % PERIOD
 
     def step(self, scheduled: list[Scheduled]) -> list[int | None]:
         shape = StepShape.of((s.num_tokens, s.request.num_cached) for s in scheduled)
@@ -93,6 +108,24 @@ class SharedBlocks:
         """The keys of the blocks a request of these tokens may start after."""
         return self._chains.chain(token_ids)
 
+    def extend(self, chain: list[bytes], token_ids: np.ndarray, blocks: int) -> list[bytes]:
+        """The digests of the first `blocks` full blocks of token_ids, given `chain`, those of
+        its first len(chain) blocks (PrefixEstimate.chain's, continued from the last)."""
+        if blocks <= len(chain):
+            return chain[:blocks]
+        bs, size = self.block_size, 4 * self.block_size
+        # PrefixEstimate.chain's bytes (token_ids.u4_bytes of an array) and digests.
+        data = np.asarray(token_ids[len(chain) * bs : blocks * bs], dtype="<u4").tobytes()
+        out, parent, blake2b = list(chain), chain[-1] if chain else b"", hashlib.blake2b
+        for start in range(0, len(data), size):
+            parent = blake2b(parent + data[start : start + size], digest_size=16).digest()
+            out.append(parent)
+        return out
+
+    def add(self, chain: list[bytes]) -> None:
+        """write() of tokens whose full blocks have these digests (extend's)."""
+        self.keys.update(chain)
+
     def hit(self, chain: list[bytes]) -> int:
         """Tokens of the longest written prefix of a request with this chain."""
         n = 0
@@ -110,6 +143,10 @@ class SimPrefix:
 
     def ready(self, req) -> bool:
         return True  # the store read is not simulated
+
+    def hint(self, req, chain: list[bytes]) -> None:
+        """req's chain (shared.chain of its tokens), known to the cluster already."""
+        self._chains[req] = chain
 
     def expected_hit(self, req) -> int:
         chain = self._chains.get(req)
