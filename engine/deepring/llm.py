@@ -1,10 +1,10 @@
 """Offline generation: `LLM(model=...).generate(prompts, SamplingParams(...))`.
 
 Prompts may be token ids, text (tokenised with the model's tokenizer, BOS prepended), or chat
-request bodies (OpenAI Chat Completions JSON, rendered through deepring_recipe; for a model with a
-vision tower, with inline images: data URLs, image file parts; URLs are not fetched). All prompts are
-queued at once and served with continuous batching: as requests finish, waiting ones join the
-running batch.
+request bodies (OpenAI Chat Completions JSON, rendered through deepring_recipe; for a model with
+a vision tower, with inline images: data URLs, image file parts; URLs are not fetched). All
+prompts are queued at once and served with continuous batching: as requests finish, waiting
+ones join the running batch.
 
 Structured output: `generate(..., constraints=...)` takes a `Constraint` (for every prompt) or
 one per prompt (None: unconstrained), made with `deepring.structured.build`: `json_schema(schema)`
