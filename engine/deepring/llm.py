@@ -116,7 +116,6 @@ class LLM:
                 raise ValueError(f"no tokenizer.json at {tok_file}")
         self._recipe: Recipe | None = None
         self._seed = seed
-        self._speculative = speculative
         self._counter = itertools.count()
 
     # ---- prompts -------------------------------------------------------------------------------
@@ -156,7 +155,7 @@ class LLM:
 
         if self._recipe is None:
             fmt = PromptFormat.of_model_type(self.config.model_type)
-            support = image_support(self.model, self._speculative)
+            support = image_support(self.model)
             images = ImageSupport(self.engine.vocab_size) if isinstance(support, dict) else support
             self._recipe = Recipe(self._require_tokenizer(), [self.name], fmt, images=images)
         try:

@@ -31,6 +31,7 @@ from deepring.kernels.greedy_head import GreedyArgmax, packed_linear
 from deepring.model.batch import ForwardBatch, SeqChunk
 from deepring.model.config import ModelConfig
 from deepring.model.model import DeepseekV4, StepOutput
+from deepring.model.v41.config import MODEL_TYPE as V41_MODEL_TYPE
 from deepring.spec.calibrate import apply_temperatures, cumulative, fit_temperatures
 
 # Requests x drafts up to which a block's logits come from one bf16 GEMM (else the greedy head
@@ -253,7 +254,7 @@ def drafter_problem(mode: SpecMode, config: ModelConfig, name: str) -> str | Non
     """Why model `name` (its config) cannot run speculative `mode` (None: it can): checked
     at start-up, before any weights load."""
     ds = config.dspark
-    if mode.on and config.model_type == "deepseek_v41":
+    if mode.on and config.model_type == V41_MODEL_TYPE:
         return (
             f"--speculative {mode}: speculative decoding does not run V4.1 models yet (model "
             f"{name!r}'s DSpark drafter loads, drafting with it is not built); serve it without "

@@ -266,9 +266,9 @@ class EngineCore:
         constraint."""
         if not 0 < prompt_len <= len(token_ids) or not 0 < num_cached <= len(token_ids):
             raise ValueError("handoff token counts are inconsistent")
-        lengths = self._check(rid, token_ids[:prompt_len], images)
-        if not ids_in_range(token_ids[prompt_len:], self.vocab_size):
-            raise ValueError(f"output token ids out of range [0, {self.vocab_size})")
+        # One pass over prompt and output: the spans lie in the prompt, every other id must be
+        # in the vocabulary.
+        lengths = self._check(rid, token_ids, images)
         if len(token_ids) - prompt_len > params.max_tokens or (
             prompt_len + params.max_tokens > self.max_model_len
         ):

@@ -17,7 +17,6 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from deepring.config import SpecMode
 from deepring.image_spans import NO_VISION, EncodedImage, encoded_digest, span_ids, webp_size
 from deepring.image_spans import key_ids as _key_ids
 from deepring.model.v41.vision import VisionConfig
@@ -143,7 +142,7 @@ def key_ids(
     return _key_ids(prompt_ids, spans)
 
 
-def image_support(model, speculative: str) -> dict | str:
+def image_support(model) -> dict | str:
     """Whether an engine running `model` takes images: the sizes their spans are laid out
     with, or why it takes none (what the frontend answers an image with)."""
     vision = getattr(model, "vision_config", None)
@@ -156,6 +155,4 @@ def image_support(model, speculative: str) -> dict | str:
             f"{vision.downsample_ratio} x {vision.downsample_ratio}, and requests' images are "
             "sized for 14 px patches merged 3 x 3"
         )
-    if SpecMode.parse(speculative).on:
-        return "image input is not supported with speculative decoding yet"
     return {"patch_size": vision.patch_size, "downsample_ratio": vision.downsample_ratio}

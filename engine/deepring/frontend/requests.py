@@ -75,7 +75,7 @@ class RequestState:
     # already matches it (the worker's matcher consumes it first).
     constraint: Constraint | None = None
     # Its images as every (re)submission carries them (deepring.image_spans.to_wire).
-    images: tuple[list, bytes] = ([], b"")
+    images: tuple[list, bytes] = field(default_factory=lambda: ([], b""))
 
     def submitted_ids(self) -> np.ndarray:
         """What a prefill worker computes: the prompt, then the output so far (a request

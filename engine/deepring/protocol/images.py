@@ -33,7 +33,7 @@ from deepring_recipe import (
     Tokenizer,
 )
 
-from deepring.image_spans import RECIPE_PATCH, EncodedImage, merged, span_ids, span_length
+from deepring.image_spans import RECIPE_PATCH, EncodedImage, merged, span_ids
 from deepring.protocol.errors import ApiError, field_error
 
 PLACEHOLDER = "<｜image｜>"
@@ -152,10 +152,10 @@ class ImageIntake:
                 raise ApiError(500, f"a preprocessed image's canvas ({w} x {h} px) is not "
                                "whole patches")  # fmt: skip
             n_w, n_h = w // RECIPE_PATCH, h // RECIPE_PATCH
-            cols, rows = merged(n_w, n_h)
-            pieces += [ids[prev:pos], np.asarray(span_ids(self.vocab_size, cols, rows), np.int32)]
+            span = np.asarray(span_ids(self.vocab_size, *merged(n_w, n_h)), np.int32)
+            pieces += [ids[prev:pos], span]
             images.append(EncodedImage(pos + shift, n_w, n_h, bytes(info.data)))
-            shift += span_length(n_w, n_h) - 1
+            shift += len(span) - 1
             prev = pos + 1
         pieces.append(ids[prev:])
         return np.concatenate(pieces), images

@@ -65,7 +65,7 @@ def engine_info(config: WorkerConfig, built: BuiltEngine) -> dict:
         "max_num_batched_tokens": eng.scheduler.config.max_num_batched_tokens,
         "tokenizer": str(tok) if tok is not None else None,
         "device": _device_of(built),
-        "images": image_support(built.model, spec.speculative),
+        "images": image_support(built.model),
     }
 
 
