@@ -14,7 +14,7 @@ admitted, a request finished: fastforward's own steps and the role's admission, 
 other requests alone), `current` carries the staying requests' figures over and reads only the
 new ones; after any step through the scheduler it reads every request again. With
 `SimRunner.incremental` off it reads them all before every step, which is the check
-(tests/engine/test_sim.py) that the two agree.
+(tests/engine/test_sim_incremental.py) that the two agree.
 """
 
 from __future__ import annotations
