@@ -6,17 +6,19 @@ interpreter: does it pull in torch? the frontend must stay torch-free), the toke
 the compile of a few JSON Schemas cold and cached, and the per-token mask time along a document
 of each schema (median and p99 over its tokens).
 
-Part 2 (`--decode`, on by default): offline `LLM` on an embedded model (`--model`: `tiny`,
-random weights, whose argmax a grammar refuses at most steps, so nearly every row needs its
-mask; `tiny-trained`, whose argmax it mostly allows), greedy, at each batch size: the same
-prompts unconstrained and with a JSON Schema on every request (one whose shortest document is
-longer than the run, so every step is constrained), generated tokens / wall time (median over
+Part 2 (`--decode`, on by default): offline `LLM` on each embedded model of `--models`
+(`tiny-trained`, whose argmax a grammar mostly allows, as a trained model's; `tiny`, random
+weights, whose argmax it refuses in nearly every row at every step: a stress case), greedy, at
+each batch size: the same prompts unconstrained and with a JSON Schema on every request (one
+whose shortest document is longer than the run, so every step is constrained), generated
+tokens / wall time (median over
 interleaved pairs) and the median of the pairs' ratios (target >= 0.9 at batch 32), with the
 mask time per step (what the helper thread computed, and what the step waited for after the
 model).
 
-Usage: python bench/structured.py [--model tiny] [--batch-sizes 1,32] [--new-tokens 48]
-                                  [--repeats 6] [--no-libs] [--no-decode] [--threads N]
+Usage: python bench/structured.py [--models tiny-trained,tiny] [--batch-sizes 1,32]
+                                  [--new-tokens 48] [--repeats 6] [--no-libs] [--no-decode]
+                                  [--threads N]
 """
 
 from __future__ import annotations
@@ -233,16 +235,16 @@ def report_libs(results: list[dict]) -> None:
         print(f"  usable by the torch-free frontend to validate a schema: {r['frontend']}")
 
 
-def bench_decode(args) -> None:
+def bench_decode(args, model: str) -> None:
     import torch
     from deepring import LLM, SamplingParams
     from deepring.structured.build import json_schema
 
     os.environ.setdefault("DEEPRING_GREEDY_HEAD", "bf16")
     head = os.environ["DEEPRING_GREEDY_HEAD"]
-    print(f"\n## decode, {args.model}, greedy (DEEPRING_GREEDY_HEAD={head})")
+    print(f"\n## decode, {model}, greedy (DEEPRING_GREEDY_HEAD={head})")
     llm = LLM(
-        args.model,
+        model,
         device="cpu",
         max_num_seqs=max(args.batch_sizes),
         max_model_len=args.prompt_len + args.new_tokens + 8,
@@ -304,7 +306,7 @@ def bench_decode(args) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--batch-sizes", default="1,32")
-    ap.add_argument("--model", default="tiny")
+    ap.add_argument("--models", default="tiny-trained,tiny")
     ap.add_argument("--prompt-len", type=int, default=16)
     ap.add_argument("--new-tokens", type=int, default=48)
     ap.add_argument("--repeats", type=int, default=6, help="interleaved pairs per case")
@@ -330,7 +332,8 @@ def main() -> None:
             results.append(xg)
         report_libs(results)
     if not args.no_decode:
-        bench_decode(args)
+        for model in args.models.split(","):
+            bench_decode(args, model)
 
 
 if __name__ == "__main__":

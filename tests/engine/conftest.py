@@ -3,7 +3,7 @@
 import pytest
 import torch
 from deepring.kernels import greedy as greedy_kernels
-from deepring.kernels import greedy_head
+from deepring.kernels import greedy_head, greedy_masked
 from deepring.kernels.dispatch import HAVE_NUMBA
 
 # One intra-op thread: the test models are tiny (overhead-bound), and a second OpenMP thread
@@ -97,9 +97,12 @@ _NO_NUMBA = pytest.mark.skipif(not HAVE_NUMBA, reason="numba is not installed")
 )
 def kind(request, monkeypatch) -> str:
     """The greedy head's low-precision GEMM (kernels.greedy_head), with the torch or numba int8
-    quantisation and settling pass (kernels.greedy)."""
+    quantisation and settling passes (kernels.greedy, kernels.greedy_masked)."""
     kind, impl = request.param
     monkeypatch.setattr(greedy_head, "settle", getattr(greedy_kernels, f"settle_{impl}"))
     quantize = getattr(greedy_kernels, f"quantize_rows_{impl}")
     monkeypatch.setattr(greedy_head, "quantize_rows", quantize)
+    # The masked settle (grammar-constrained rows): its numba kernel or the torch path.
+    monkeypatch.setattr(greedy_masked, "use_numba", lambda *_: impl == "numba")
+    monkeypatch.setattr(greedy_masked, "settle", getattr(greedy_kernels, f"settle_{impl}"))
     return kind

@@ -1,13 +1,16 @@
-"""The greedy head's masked argmax (kernels.greedy_head.GreedyHead.masked_argmax), which a
-grammar-constrained row whose argmax its grammar refuses takes instead of its whole fp32 logits
-row, against the fp32 logits masked and arg-maxed in torch."""
+"""The greedy head's masked argmax (kernels.greedy_head.GreedyHead.masked_argmax, settled by
+kernels.greedy_masked), which a grammar-constrained row whose argmax its grammar refuses takes
+instead of its whole fp32 logits row, against the fp32 logits masked and arg-maxed in torch;
+every case through the numba kernel and the torch path (the `kind` fixture)."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from deepring.kernels.greedy_head import GreedyArgmax, GreedyHead
+from deepring.kernels.greedy_head import GreedyArgmax, GreedyHead, MaskedGreedy
+from deepring.kernels.greedy_masked import _popcount, pack
 
 
 def _masked_fp32_argmax(y: torch.Tensor, w: torch.Tensor, allowed: torch.Tensor) -> list[int]:
@@ -18,11 +21,11 @@ def _masked_fp32_argmax(y: torch.Tensor, w: torch.Tensor, allowed: torch.Tensor)
 def _masked(head: GreedyHead, y, w, allowed, rows=None) -> list:
     head.argmax(y, w)
     rows = list(range(y.shape[0])) if rows is None else rows
-    return head.masked_argmax(head.last, rows, allowed, w)
+    return head.masked_argmax(head.last, rows, pack(allowed), allowed.shape[1], w)
 
 
 @pytest.mark.parametrize("density", [0.9, 0.5, 0.05, 0.0005])
-@pytest.mark.parametrize("vocab", [1003, 20 * 128])
+@pytest.mark.parametrize("vocab", [1003, 20 * 128, 40 * 128 + 77])
 def test_random_masks_match_the_masked_fp32_argmax(kind, density, vocab):
     g = torch.Generator().manual_seed(vocab)
     w = torch.randn(vocab, 64, generator=g)
@@ -80,7 +83,7 @@ def test_a_subset_of_rows_and_a_padded_head(kind):
     head.argmax(y, w)
     rows = [7, 2, 9]
     allowed = torch.rand(3, 1000, generator=g) < 0.3
-    got = head.masked_argmax(head.last, rows, allowed, w)
+    got = head.masked_argmax(head.last, rows, pack(allowed), 1000, w)
     padded = F.pad(allowed, (0, 30))
     assert got == _masked_fp32_argmax(y[rows], w, padded)
     assert all(t < 1000 for t in got)
@@ -97,7 +100,7 @@ def test_a_row_the_bounds_cannot_settle_is_answered_none(kind):
     allowed[0, 5] = False  # row 0: the unmasked winner is refused
     got = _masked(GreedyHead(kind), y, w, allowed)
     assert got[0] in (None, 300)
-    assert got[1] == 5
+    assert got[1] in (None, 5)  # (the torch path's plain fallback answers it; numba leaves it)
 
 
 def test_the_masker_is_bound_to_its_call_and_absent_on_the_fp32_path(monkeypatch):
@@ -110,7 +113,57 @@ def test_the_masker_is_bound_to_its_call_and_absent_on_the_fp32_path(monkeypatch
     first = head.masker(w)
     head(y2, w)  # a later call does not change what the first masker settles
     allowed = torch.rand(4, 700, generator=g) < 0.5
-    assert first([0, 1, 2, 3], allowed) == _masked_fp32_argmax(y1, w, allowed)
+    assert first([0, 1, 2, 3], pack(allowed), 700) == _masked_fp32_argmax(y1, w, allowed)
     monkeypatch.setenv("DEEPRING_GREEDY_HEAD", "fp32")
     head(y1, w)
     assert head.masker(w) is None
+
+
+def test_many_allowed_tokens_far_below_the_refused_ones(kind):
+    """Over 2,048 allowed tokens, all below every refused one: the tile walk passes the refused
+    tiles first (and may give up after MAX_TILES of them: None, never a refused token)."""
+    g = torch.Generator().manual_seed(6)
+    vocab = 300 * 128
+    w = torch.randn(vocab, 16, generator=g) * 0.01
+    y = torch.rand(4, 16, generator=g) + 0.5
+    allowed = torch.zeros(4, vocab, dtype=torch.bool)
+    allowed[:, : 10 * 128] = True
+    # Every refused token above every allowed one, spread so that a few tiles lead.
+    w[10 * 128 :] += torch.linspace(1, 3, vocab - 10 * 128)[:, None]
+    allowed[2] = False
+    allowed[2, 5 * 128 :] = True  # row 2: the refused tokens are few and the best is allowed
+    got = _masked(GreedyHead(kind), y, w, allowed)
+    want = _masked_fp32_argmax(y, w, allowed)
+    assert got[2] == want[2]
+    assert all(t in (None, u) for t, u in zip(got, want, strict=True))
+
+
+@pytest.mark.parametrize("density", [0.9, 0.3, 0.02])
+def test_the_walk_settles_with_a_membership_test_or_says_none(kind, density):
+    """A refused lazy row walks its WALK largest approximate logits with the grammar's
+    membership test (MaskedGreedy.walk): where it answers, the masked fp32 argmax; it answers
+    dense rows, and says None rather than guess where the allowed tokens lie deeper."""
+    g = torch.Generator().manual_seed(7)
+    vocab = 3000
+    w = torch.randn(vocab, 32, generator=g)
+    y = torch.randn(24, 32, generator=g)
+    allowed = torch.rand(24, vocab, generator=g) < density
+    head = GreedyHead(kind)
+    head.argmax(y, w)
+    masked = MaskedGreedy(head.last, w)
+    want = _masked_fp32_argmax(y, w, allowed)
+    got = [masked.walk(r, lambda j, r=r: bool(allowed[r, j])) for r in range(24)]
+    assert all(t in (None, u) for t, u in zip(got, want, strict=True))
+    answered = sum(t is not None for t in got)
+    if density >= 0.3:
+        assert answered == 24
+    # One allowed token, ranked below the walk: None (unless it happens to rank within it).
+    lowest = y @ w.T
+    for r in range(3):
+        j = int(lowest[r].argmin())
+        assert masked.walk(r, lambda t, j=j: t == j) is None
+
+
+def test_popcount_counts_bits():
+    x = np.random.default_rng(0).integers(-(2**31), 2**31, 5000).astype(np.int32)
+    assert [int(_popcount(v)) for v in x] == [bin(int(v) & 0xFFFFFFFF).count("1") for v in x]

@@ -484,7 +484,8 @@ def test_the_greedy_heads_masked_settle_equals_masked_fp32_logits(llm, monkeypat
 
 def test_lazy_greedy_masks_equal_the_full_masked_logits(llm):
     """On CPU a greedy row whose grammar allowed its last argmax is not masked ahead: its new
-    argmax is validated by the matcher and only a refused one computes its mask. The tokens
+    argmax is validated by the matcher; a refused one walks its largest approximate logits
+    with the matcher, and only where that cannot settle it computes its mask. The tokens
     equal those of the full path (logprobs ask for every row's whole logits, masked ahead,
     then the argmax), and fewer masks are computed than rows decoded."""
     schema = {
@@ -513,13 +514,15 @@ def test_lazy_greedy_masks_equal_the_full_masked_logits(llm):
     full = SamplingParams(temperature=0, max_tokens=96, logprobs=0)
     llm.generate(prompts[:1], SamplingParams(temperature=0, max_tokens=2), constraints=constraint)
     masks = llm.engine.runner.masks
-    before = (masks.computed, masks.late)
+    before = (masks.computed, masks.late, masks.walked)
     got = llm.generate(prompts, lazy, constraints=constraint)
     computed, late = masks.computed - before[0], masks.late - before[1]
+    walked = masks.walked - before[2]
     want = llm.generate(prompts, full, constraints=constraint)
     assert [o.token_ids for o in got] == [o.token_ids for o in want]
     decoded = sum(len(o.token_ids) for o in got)
     assert late > 0  # refused argmaxes computed their masks after the model ran
+    assert walked > 0  # and others were settled by the walk, without a mask
     assert computed < decoded, (computed, decoded)  # allowed argmaxes computed none
     for o in got:  # each output is a prefix of a valid document (the budget may cut it)
         if o.finish_reason == "stop":

@@ -28,19 +28,19 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
 from deepring import env
+from deepring.kernels.dispatch import use_numba
 from deepring.kernels.greedy import quantize_rows, settle
 from deepring.kernels.greedy_choice import HeadChoice, measure
 from deepring.kernels.greedy_choice_cache import cached_choice
+from deepring.kernels.greedy_masked import masked_settle, walk_settle
 
 # The bound is itself computed in fp32; a margin far above those roundings keeps it an upper bound.
 _MARGIN = 1 + 2.0**-8
-# Stands for a refused token's logit in masked_argmax (finite: an -inf would break the max pass's
-# ordering of bf16 bits).
-_LOWEST_BF16 = float(torch.finfo(torch.bfloat16).min)
 
 
 def _cpu_has(*names: str) -> bool:
@@ -191,28 +191,36 @@ class GreedyHead:
         self.last = (approx, a * _MARGIN, y)
         return settle(approx, self.last[1], y, w)
 
-    def masked_argmax(self, last, rows: list[int], allowed: torch.Tensor, w: torch.Tensor) -> list:
-        """For rows of the `argmax` call that left `last`: the fp32 argmax among each row's
-        allowed tokens (allowed: bool [len(rows), V]; first maximum), or None where this cannot
-        tell.
+    def masked_argmax(self, last, rows: list[int], words, limit: int, w: torch.Tensor) -> list:
+        """MaskedGreedy(last, w)(rows, words, limit)."""
+        return MaskedGreedy(last, w)(rows, words, limit)
 
-        The refused tokens' approximate logits become the lowest finite bf16 value and the row
-        is settled again. The masked argmax j* is allowed, so its bound holds and it stays a
-        candidate; every candidate's fp32 logit is compared. If the winner is allowed it is
-        therefore j* (an allowed tie lies within the bounds too). A refused token can become a
-        candidate only when the threshold sinks to the sentinel (overflowing bounds) or through
-        the plain fp32 fallback, which knows no mask; such a winner is answered None."""
-        approx, a, y = last
-        index = torch.tensor(rows, dtype=torch.long)
-        sub = approx.index_select(0, index)
-        vocab = sub.shape[1]
-        if allowed.shape[1] < vocab:  # a padded head: its extra rows are never allowed
-            allowed = torch.nn.functional.pad(allowed, (0, vocab - allowed.shape[1]))
-        allowed = allowed[:, :vocab]
-        sub.masked_fill_(~allowed, _LOWEST_BF16)
-        won = settle(sub, a.index_select(0, index), y.index_select(0, index), w).tolist()
-        ok = allowed[torch.arange(len(rows)), torch.tensor(won)].tolist()
-        return [tok if good else None for tok, good in zip(won, ok, strict=True)]
+
+class MaskedGreedy:
+    """One greedy-head call's approximate logits and bounds (GreedyHead.last), settled again
+    for rows whose argmax a grammar refuses (kernels.greedy_masked): exact, without their fp32
+    logits rows."""
+
+    # Tokens a walk checks before it gives up (the caller then computes the row's mask).
+    WALK = 64
+
+    def __init__(self, last, w: torch.Tensor) -> None:
+        self.approx, self.a, self.y = last
+        self.w = w
+
+    def __call__(self, rows: list[int], words: np.ndarray, limit: int) -> list:
+        """Each row's fp32 argmax among the tokens its packed mask allows (words [len(rows),
+        W] int32, bit j & 31 of word j >> 5; only tokens below `limit`; first maximum), or
+        None where this cannot tell."""
+        return masked_settle(self.approx, self.a, self.y, self.w, rows, words, limit)
+
+    def walk(self, row: int, allows: Callable[[int], bool]) -> int | None:
+        """Row `row`'s fp32 argmax among the tokens `allows` accepts, found among its WALK
+        largest approximate logits, or None (where it may lie beyond them, or numba is
+        not here to rank them)."""
+        if not use_numba(self.y):
+            return None
+        return walk_settle(self.approx, self.a, self.y, self.w, row, allows, self.WALK)
 
 
 # Vocabulary tile of the fp32 path: a tile's logits stay in cache while its max is taken.
@@ -270,15 +278,13 @@ class GreedyArgmax:
         for k in kinds - {"fp32"}:
             self._head(k).prepare(w)
 
-    def masker(self, w: torch.Tensor) -> Callable[[list[int], torch.Tensor], list] | None:
-        """For the last call: (rows, allowed bool [n, V]) -> each row's fp32 argmax among its
-        allowed tokens, or None for a row it cannot tell (GreedyHead.masked_argmax); None when
-        that call had no low-precision head (the caller computes those rows' fp32 logits)."""
+    def masker(self, w: torch.Tensor) -> MaskedGreedy | None:
+        """The last call's approximate logits, for rows whose argmax a grammar refuses
+        (MaskedGreedy); None when that call had no low-precision head (the caller computes
+        those rows' logits)."""
         head = self._used
         last = None if head is None else head.last
-        if last is None:
-            return None
-        return lambda rows, allowed: head.masked_argmax(last, rows, allowed, w)
+        return None if last is None else MaskedGreedy(last, w)
 
     def __call__(self, y: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         head = self._low_precision(w, y.shape[0]) if y.shape[0] else None

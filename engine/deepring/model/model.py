@@ -8,14 +8,13 @@ keys).
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 from torch import nn
 
 from deepring.cache.pool import KVCachePool
-from deepring.kernels.greedy_head import GreedyArgmax
+from deepring.kernels.greedy_head import GreedyArgmax, MaskedGreedy
 from deepring.model.batch import ForwardBatch
 from deepring.model.config import ModelConfig
 from deepring.model.dspark import DSparkDrafter
@@ -59,10 +58,10 @@ class StepOutput:
     # [T, n_taps, D] the mean of the streams after each asked-for layer (a DSpark drafter's
     # context), when requested
     taps: torch.Tensor | None = None
-    # With greedy, where the low-precision greedy head ran: (rows, allowed bool [n, vocab]) ->
-    # those rows' argmax among their allowed tokens (None where it cannot tell), from the
-    # head's own approximate logits (kernels.greedy_head.GreedyArgmax.masker)
-    masked_greedy: Callable[[list[int], torch.Tensor], list] | None = None
+    # With greedy, where the low-precision greedy head ran: its approximate logits, which
+    # settle rows whose argmax a grammar refuses again under its mask or its matcher
+    # (kernels.greedy_head.MaskedGreedy)
+    masked_greedy: MaskedGreedy | None = None
 
 
 class DeepseekV4(nn.Module):

@@ -174,6 +174,7 @@ class TokenMasks:
         self.steps = 0  # steps with a constrained row
         self.rows = 0  # rows masked
         self.settled = 0  # of them, greedy rows the greedy head's masked settle answered
+        self.walked = 0  # refused lazy rows settled by walking their top tokens (no mask)
         self.late = 0  # masks computed after the model ran (lazy rows whose argmax was refused)
         self.computed = 0  # masks computed in all (ahead and late)
 
@@ -302,31 +303,54 @@ class TokenMasks:
         keeps its argmax when the grammar allows it (it is then also the masked argmax: the
         first maximum among the allowed tokens); otherwise the argmax of its allowed tokens'
         logits. head(rows, token_ids): logits [len(rows), len(token_ids) or vocab] of those rows
-        (token_ids None: the whole vocabulary). Few allowed tokens (a JSON structure position)
-        take only their own logits; many (inside a string) the greedy head's masked settle
-        where `masked` (StepOutput.masked_greedy) answers, else a full row, masked. Rows are
-        those of `start`."""
+        (token_ids None: the whole vocabulary). A refused row takes the greedy head's masked
+        settle where `masked` (StepOutput.masked_greedy) answers; otherwise few allowed tokens
+        (a JSON structure position) take only their own logits, many (inside a string) a
+        full row, masked. Rows are those of `start`."""
         if pending is None:
             return tokens
         self.wait(pending)
-        # A later row's argmax is validated by its matcher; only a refused one needs its mask.
+        # A later row's argmax is validated by its matcher; a refused one first walks its
+        # largest approximate logits with the matcher (MaskedGreedy.walk: microseconds a
+        # token), and only one the walk cannot settle computes its mask (milliseconds inside
+        # a bounded string) and is computed ahead next step.
         refused = [(i, s) for i, s in pending.later if not s.allows(tokens[i])]
         for _, s in pending.later:
             s.eager = False
+        if refused and masked is not None:
+            v = self.vocab_size  # (a padded head's extra rows are never allowed)
+            walked = [(i, masked.walk(i, lambda t, s=s: t < v and s.allows(t))) for i, s in refused]
+            self.walked += sum(tok is not None for _, tok in walked)
+            for i, tok in walked:
+                if tok is not None:
+                    tokens[i] = tok
+            refused = [(i, s) for (i, s), (_, tok) in zip(refused, walked, strict=True)
+                       if tok is None]  # fmt: skip
         if refused:
             self._complete(pending, refused)
-        dense, sparse = [], []
+        need = []
         for i, s in pending.ahead + refused:
             s.eager = not self.allows(i, tokens[i])
-            if not s.eager:
-                continue
+            if s.eager:
+                need.append(i)
+        if need:  # (an empty mask: a matcher in error; the engine drops its constraint)
+            need = [i for i, any_ in zip(need, self._buf[need].any(1), strict=True) if any_]
+        self.rows += len(need)
+        if need and masked is not None:
+            # The greedy head's own approximate logits settled again under each mask: exact,
+            # and no fp32 row of the vocabulary (kernels.greedy_masked).
+            won = masked(need, self._buf[need], self.vocab_size)
+            self.settled += sum(tok is not None for tok in won)
+            for i, tok in zip(need, won, strict=True):
+                if tok is not None:
+                    tokens[i] = tok
+            need = [i for i, tok in zip(need, won, strict=True) if tok is None]
+        dense, sparse = [], []
+        for i in need:
             if self._count(i) > _SPARSE_TOKENS:
                 dense.append(i)
-            elif len(ids := self._ids(i)):
-                sparse.append((i, ids))
             else:
-                continue  # a matcher in error: the engine drops its constraint on advance
-            self.rows += 1
+                sparse.append((i, self._ids(i)))
         if sparse:
             # One head call for every sparse row, over the union of their allowed tokens.
             union = np.unique(np.concatenate([a for _, a in sparse]))
@@ -334,16 +358,6 @@ class TokenMasks:
             for (i, allowed), row in zip(sparse, logits, strict=True):
                 cols = torch.from_numpy(np.searchsorted(union, allowed))
                 tokens[i] = int(allowed[int(row.index_select(0, cols).argmax())])
-        if dense and masked is not None:
-            # The greedy head's own approximate logits, masked and settled again: exact, and
-            # no fp32 row of the whole vocabulary (kernels.greedy_head.masked_argmax).
-            allowed = torch.from_numpy(np.stack([self._bits(i) for i in dense]))
-            won = masked(dense, allowed)
-            self.settled += sum(tok is not None for tok in won)
-            for i, tok in zip(dense, won, strict=True):
-                if tok is not None:
-                    tokens[i] = tok
-            dense = [i for i, tok in zip(dense, won, strict=True) if tok is None]
         if dense:
             logits = head(dense, None)
             self.apply(logits, pending, list(zip(dense, range(len(dense)), strict=True)))
