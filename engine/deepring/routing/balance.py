@@ -140,12 +140,16 @@ class CostRouter:
         # over every decode worker for every request), and the terms of the means below.
         bs = self.block_size
         after, kv_terms, step_terms = [], [], []
+        grown = 1 + (prompt_tokens + 1) // bs  # the request's blocks
         for w in ready:
-            est = w.est_requests(), w.est_tokens(), w.est_blocks(bs)
-            model = self.model(w, peers)
-            kv, step = self._load(model, est, 1, prompt_tokens + 1)
-            kv0, step0 = self._load(model, est, 0, 0)
-            after.append((est[0], kv, step))
+            r, t, kv0 = w.est_requests(), w.est_tokens(), w.est_blocks(bs)
+            # _decode_load with and without the request, StepCost.decode_step inlined (the
+            # same arithmetic): this runs for every decode worker on every request.
+            c = self.model(w, peers).coef
+            kv = kv0 + grown
+            step = c[0] + (c[1] + c[2]) * (r + 1) + c[4] * (t + prompt_tokens + 1 + (r + 1))
+            step0 = c[0] + (c[1] + c[2]) * r + c[4] * (t + r) if r > 0 else 0.0
+            after.append((r, kv, step))
             kv_terms.append(kv + (n - 1) * kv0)
             step_terms.append(step + (n - 1) * step0)
         # The means once the request is placed (on average, 1/n of it on each worker).
