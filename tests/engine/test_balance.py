@@ -201,20 +201,20 @@ def test_decode_load_is_the_larger_of_the_reports_and_the_books():
     reg, _ = _registry([H800_GPU], [H800_GPU, H800_GPU])
     p, d0, d1 = (reg.workers[w] for w in ("prefill-0", "decode-0", "decode-1"))
     reg.assign(1, 1000, p, d0)  # still in prefill: no report can hold it
-    assert (d0.load.est_requests(), d0.load.est_tokens()) == (1, 1000)
+    assert d0.load.estimates(128)[:2] == (1, 1000)
     # Another frontend's 30 requests on decode-1: only its report knows them.
     reg.report(d1, _stats("decode-1", H800_GPU, running=30, free_slots=34, used_blocks=400,
                           context_tokens=40000))  # fmt: skip
     assert d1.load.reported == Reported(30, 40000, 400)
-    assert d1.load.est_requests() == 30
-    assert d1.load.est_blocks(128) == 400
+    assert d1.load.estimates(128)[0] == 30
+    assert d1.load.estimates(128)[2] == 400
     _, d = reg.route(500)
     assert d.id == "decode-0"
     reg.prefilled(1, 1000, p)  # handed off: decode-0's reports hold it from now on
     assert d0.load.in_prefill == d0.load.in_prefill_tokens == 0
-    assert d0.load.est_requests() == 1  # the frontend's books still do
+    assert d0.load.estimates(128)[0] == 1  # the frontend's books still do
     reg.release(1, 1000, 3, "prefill-0", "decode-0")
-    assert d0.load.est_requests() == 0
+    assert d0.load.estimates(128)[0] == 0
 
 
 def test_a_worker_not_measured_yet_is_assumed_to_run_like_its_peers():

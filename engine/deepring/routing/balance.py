@@ -73,8 +73,11 @@ class CostRouter:
 
     @staticmethod
     def peers(loads: list[WorkerLoad]) -> StepCost | None:
+        """The mean model of the measured workers; None when none has measured, or when
+        every one has (then `model` never asks: skipping the mean keeps a route over
+        hundreds of workers cheap)."""
         measured = [w.cost for w in loads if w.cost is not None]
-        return mean_cost(measured) if measured else None
+        return mean_cost(measured) if measured and len(measured) < len(loads) else None
 
     def prefill_cost(
         self, w: WorkerLoad, uncached: int, prompt_tokens: int, peers: StepCost | None = None
@@ -116,8 +119,7 @@ class CostRouter:
     ) -> tuple[int, float]:
         """(KV blocks, predicted decode step time) of decode worker w with `extra` more
         requests holding `extra_tokens` more tokens."""
-        est = w.est_requests(), w.est_tokens(), w.est_blocks(self.block_size)
-        return self._load(self.model(w, peers), est, extra, extra_tokens)
+        return self._load(self.model(w, peers), w.estimates(self.block_size), extra, extra_tokens)
 
     def _load(
         self, model: StepCost, est: tuple[int, int, int], extra: int, extra_tokens: int
@@ -142,7 +144,7 @@ class CostRouter:
         after, kv_terms, step_terms = [], [], []
         grown = 1 + (prompt_tokens + 1) // bs  # the request's blocks
         for w in ready:
-            r, t, kv0 = w.est_requests(), w.est_tokens(), w.est_blocks(bs)
+            r, t, kv0 = w.estimates(bs)
             # _decode_load with and without the request, StepCost.decode_step inlined (the
             # same arithmetic): this runs for every decode worker on every request.
             c = self.model(w, peers).coef

@@ -59,22 +59,20 @@ class WorkerLoad:
         used = -(-self.used_tokens // block_size) + self.requests
         return max(0, self.num_blocks - used)
 
-    # Decode load as the larger of the frontend's view and the worker's report (plus what the
-    # report cannot contain yet: requests still in prefill).
-    def est_requests(self) -> int:
-        r = self.reported
-        return max(self.requests, r.requests + self.in_prefill if r else 0)
-
-    def est_tokens(self) -> int:
-        r = self.reported
-        return max(self.used_tokens, r.tokens + self.in_prefill_tokens if r else 0)
-
-    def est_blocks(self, block_size: int) -> int:
-        own = -(-self.used_tokens // block_size) + self.requests
+    def estimates(self, block_size: int) -> tuple[int, int, int]:
+        """Decode load (requests, tokens, KV blocks), each the larger of the frontend's view
+        and the worker's report (plus what the report cannot contain yet: requests still in
+        prefill). One call: the cost router reads all three of every decode worker on every
+        route."""
+        requests, own = self.requests, -(-self.used_tokens // block_size) + self.requests
         r = self.reported
         if r is None:
-            return own
-        return max(own, r.blocks + -(-self.in_prefill_tokens // block_size) + self.in_prefill)
+            return max(requests, 0), max(self.used_tokens, 0), own
+        return (
+            max(requests, r.requests + self.in_prefill),
+            max(self.used_tokens, r.tokens + self.in_prefill_tokens),
+            max(own, r.blocks + -(-self.in_prefill_tokens // block_size) + self.in_prefill),
+        )
 
 
 class Router:
