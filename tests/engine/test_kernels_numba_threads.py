@@ -16,13 +16,16 @@ from numba_cases import decode_case, hc_params
 pytestmark = pytest.mark.usefixtures("row_splits_checked")
 
 
-def test_model_load_compiles_every_kernel_for_the_types_steps_use():
+def test_model_load_compiles_every_kernel_for_the_types_steps_use(monkeypatch):
     """load_model compiles the numba kernels (so the first request does not), for exactly the
-    argument types a prefill and a decode step pass: the steps add no compilation."""
+    argument types a prefill and a decode step pass: the steps add no compilation, nor does a
+    grammar-constrained greedy row (the masked settle and the matcher walk)."""
+    import numpy as np
     from deepring.kernels import (
         attention_decode,
         attention_decode_numba,
         greedy,
+        greedy_masked,
         hyper,
         indexer,
         moe_numba,
@@ -47,6 +50,9 @@ def test_model_load_compiles_every_kernel_for_the_types_steps_use():
         rope._rope_in_place_kernel,
         attention_decode_numba._decode_kernel,
         attention_decode_numba._check,
+        greedy_masked._masked_settle_kernel,
+        greedy_masked._ranked_kernel,
+        greedy_masked._best_of,
     ]
     model = load_model(model_config("swa-csa-hca"), load_format="dummy", device="cpu").model
     compiled = [len(k.signatures) for k in kernels]
@@ -55,7 +61,13 @@ def test_model_load_compiles_every_kernel_for_the_types_steps_use():
     step(model, pool, [SeqChunk(list(range(5, 25)), 0, 0, [1, 2])])
     step(model, pool, [SeqChunk([7], 20, 0, [1, 2])])
     batch = ForwardBatch.build([SeqChunk([8], 21, 0, [1, 2])], model.rope_tables(), 16, "cpu")
-    model(batch, pool, greedy=True)  # the greedy head's settling kernel
+    monkeypatch.setenv("DEEPRING_GREEDY_HEAD", "bf16")
+    out = model(batch, pool, greedy=True)  # the greedy head's settling kernel
+    # A constrained row as TokenMasks.fix_greedy settles it (its buffer rows, fancy-indexed).
+    buf = np.zeros((4, (model.config.vocab_size + 31) // 32), dtype=np.int32)
+    buf[0, :2] = -1
+    assert out.masked_greedy([0], buf[[0]], model.config.vocab_size)[0] is not None
+    assert out.masked_greedy.walk(0, lambda t: t < 64) is not None
     assert [len(k.signatures) for k in kernels] == compiled
 
 

@@ -9,6 +9,7 @@ use them (dispatch.parallel_threads).
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from deepring.kernels.attention_decode import decode_plan
@@ -16,6 +17,7 @@ from deepring.kernels.attention_decode_numba import decode_attention_numba
 from deepring.kernels.attention_prefill import SeqLayout
 from deepring.kernels.dispatch import parallel_threads, use_numba
 from deepring.kernels.greedy import quantize_rows_numba, settle_numba
+from deepring.kernels.greedy_masked import masked_settle, walk_settle
 from deepring.kernels.hyper import hc_merge_numba, hc_pre_numba
 from deepring.kernels.indexer import indexer_topk_numba
 from deepring.kernels.moe_numba import MoEPacked, moe_rows_numba, route_numba
@@ -52,6 +54,13 @@ def _warm_up(n: int) -> None:
         quantize_rows_numba(x[0], 1.0, 1.0)
         one = torch.zeros(1, dtype=torch.long)
         decode_plan(one, one, torch.zeros(1, 1, dtype=torch.long), 4, 2, (4, 4), True)
+        # A grammar-constrained greedy row: the masked settle and the matcher walk.
+        approx, w64 = torch.zeros(1, 64, dtype=torch.bfloat16), torch.zeros(64, 4)
+        approx[0, 0] = 1.0  # (one clear winner: the walk reaches its fp32 comparison)
+        words = np.zeros((1, 2), dtype=np.int32)
+        words[0, 0] = 1
+        masked_settle(approx, torch.zeros(1), x[:, 0], w64, [0], words, 64)
+        walk_settle(approx, torch.zeros(1), x[:, 0], w64, 0, lambda t: True, 4)
     # cos and sin as a step passes them on CPU: strided views of its complex rotations (with
     # one row and one column numpy would call them contiguous, another compiled signature).
     x2 = torch.zeros(n + 1, 2, 4)
