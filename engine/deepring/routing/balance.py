@@ -119,15 +119,9 @@ class CostRouter:
     ) -> tuple[int, float]:
         """(KV blocks, predicted decode step time) of decode worker w with `extra` more
         requests holding `extra_tokens` more tokens."""
-        return self._load(self.model(w, peers), w.estimates(self.block_size), extra, extra_tokens)
-
-    def _load(
-        self, model: StepCost, est: tuple[int, int, int], extra: int, extra_tokens: int
-    ) -> tuple[int, float]:
-        """_decode_load from a worker's model and (requests, tokens, blocks) estimates."""
-        requests, tokens, blocks = est
+        requests, tokens, blocks = w.estimates(self.block_size)
         blocks += extra + extra_tokens // self.block_size
-        return blocks, model.decode_step(requests + extra, tokens + extra_tokens)
+        return blocks, self.model(w, peers).decode_step(requests + extra, tokens + extra_tokens)
 
     def pick_decode(self, loads: Iterable[WorkerLoad], prompt_tokens: int) -> WorkerLoad | None:
         """The decode worker whose larger relative load after placement (its KV blocks and its
@@ -144,13 +138,11 @@ class CostRouter:
         after, kv_terms, step_terms = [], [], []
         grown = 1 + (prompt_tokens + 1) // bs  # the request's blocks
         for w in ready:
+            # _decode_load with and without the request, the estimates read once.
             r, t, kv0 = w.estimates(bs)
-            # _decode_load with and without the request, StepCost.decode_step inlined (the
-            # same arithmetic): this runs for every decode worker on every request.
-            c = self.model(w, peers).coef
+            model = self.model(w, peers)
             kv = kv0 + grown
-            step = c[0] + (c[1] + c[2]) * (r + 1) + c[4] * (t + prompt_tokens + 1 + (r + 1))
-            step0 = c[0] + (c[1] + c[2]) * r + c[4] * (t + r) if r > 0 else 0.0
+            step, step0 = model.decode_step(r + 1, t + prompt_tokens + 1), model.decode_step(r, t)
             after.append((r, kv, step))
             kv_terms.append(kv + (n - 1) * kv0)
             step_terms.append(step + (n - 1) * step0)
