@@ -1,4 +1,4 @@
-"""The greedy head's masked argmax (kernels.greedy_head.GreedyHead.masked_argmax, settled by
+"""The greedy head's masked argmax (kernels.greedy_head.MaskedGreedy, settled by
 kernels.greedy_masked), which a grammar-constrained row whose argmax its grammar refuses takes
 instead of its whole fp32 logits row, against the fp32 logits masked and arg-maxed in torch;
 every case through the numba kernel and the torch path (the `kind` fixture)."""
@@ -10,7 +10,17 @@ import pytest
 import torch
 import torch.nn.functional as F
 from deepring.kernels.greedy_head import GreedyArgmax, GreedyHead, MaskedGreedy
-from deepring.kernels.greedy_masked import _popcount, pack
+from deepring.kernels.greedy_masked import _popcount
+
+
+def pack(allowed: torch.Tensor) -> np.ndarray:
+    """bool [n, V] as packed int32 words [n, ceil(V / 32)], as a grammar's masks come
+    (greedy_masked.unpack's inverse)."""
+    a = allowed.numpy()
+    pad = (-a.shape[1]) % 32
+    if pad:
+        a = np.pad(a, ((0, 0), (0, pad)))
+    return np.packbits(a, axis=1, bitorder="little").view(np.int32)
 
 
 def _masked_fp32_argmax(y: torch.Tensor, w: torch.Tensor, allowed: torch.Tensor) -> list[int]:
@@ -21,7 +31,7 @@ def _masked_fp32_argmax(y: torch.Tensor, w: torch.Tensor, allowed: torch.Tensor)
 def _masked(head: GreedyHead, y, w, allowed, rows=None) -> list:
     head.argmax(y, w)
     rows = list(range(y.shape[0])) if rows is None else rows
-    return head.masked_argmax(head.last, rows, pack(allowed), allowed.shape[1], w)
+    return MaskedGreedy(head.last, w)(rows, pack(allowed), allowed.shape[1])
 
 
 @pytest.mark.parametrize("density", [0.9, 0.5, 0.05, 0.0005])
@@ -83,7 +93,7 @@ def test_a_subset_of_rows_and_a_padded_head(kind):
     head.argmax(y, w)
     rows = [7, 2, 9]
     allowed = torch.rand(3, 1000, generator=g) < 0.3
-    got = head.masked_argmax(head.last, rows, pack(allowed), 1000, w)
+    got = MaskedGreedy(head.last, w)(rows, pack(allowed), 1000)
     padded = F.pad(allowed, (0, 30))
     assert got == _masked_fp32_argmax(y[rows], w, padded)
     assert all(t < 1000 for t in got)

@@ -59,6 +59,13 @@ def _threshold(best: torch.Tensor, a: torch.Tensor) -> torch.Tensor:
     return torch.where(floor >= 0, floor / (1 + U_OUT), floor / (1 - U_OUT))
 
 
+@cpu_kernel
+def threshold_value(best, a, u_out):
+    """_threshold of one row, in the kernels (and their Python callers)."""
+    floor = best - u_out * abs(best) - 2 * a
+    return floor / (1 + u_out) if floor >= 0 else floor / (1 - u_out)
+
+
 def _plain_rows(y: torch.Tensor, w: torch.Tensor, idx: torch.Tensor, lost: torch.Tensor) -> None:
     if bool(lost.any()):
         idx[lost] = F.linear(y[lost], w.float()).argmax(-1)
@@ -148,8 +155,7 @@ def _settle_kernel(bits, tile_key, a, y, w, max_tiles, u_out, idx):
             best = -np.inf
             for j in range(vocab):
                 best = max(best, _bf16_value(bits[r, j], word, as_f32))
-        floor = best - u_out * abs(best) - 2 * a[r]
-        thr = floor / (1 + u_out) if floor >= 0 else floor / (1 - u_out)
+        thr = threshold_value(best, a[r], u_out)
         idx[r] = -1
         if not np.isfinite(thr):
             continue

@@ -168,7 +168,7 @@ class GreedyHead:
         self.kind = kind
         self._key: tuple[int, int] | None = None
         self._logits: _Bf16Logits | _Int8Logits | None = None
-        # The last call's approximate logits, bounds and rows, kept for `masked_argmax`: a
+        # The last call's approximate logits, bounds and rows, kept for `MaskedGreedy`: a
         # grammar-constrained row whose argmax its grammar refuses is settled again from them
         # under its mask instead of paying for its whole fp32 logits row.
         self.last: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
@@ -190,10 +190,6 @@ class GreedyHead:
         approx, a = logits
         self.last = (approx, a * _MARGIN, y)
         return settle(approx, self.last[1], y, w)
-
-    def masked_argmax(self, last, rows: list[int], words, limit: int, w: torch.Tensor) -> list:
-        """MaskedGreedy(last, w)(rows, words, limit)."""
-        return MaskedGreedy(last, w)(rows, words, limit)
 
 
 class MaskedGreedy:

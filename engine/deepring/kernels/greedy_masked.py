@@ -1,4 +1,4 @@
-"""The greedy head's masked settle (kernels.greedy_head.GreedyHead.masked_argmax): from a step's
+"""The greedy head's masked settle (kernels.greedy_head.MaskedGreedy): from a step's
 approximate bf16 logits and their bounds, the exact fp32 argmax of some rows among the tokens a
 packed bitmask allows (a grammar's token mask: bit j & 31 of word j >> 5).
 
@@ -28,7 +28,7 @@ import numpy as np
 import torch
 
 from deepring.kernels.dispatch import cpu_kernel, use_numba, weight_array
-from deepring.kernels.greedy import TILE, U_OUT, _bf16_value, settle
+from deepring.kernels.greedy import TILE, U_OUT, _bf16_value, settle, threshold_value
 
 # Stands for a refused token's logit in the torch path (finite: an -inf would break the max
 # pass's ordering of bf16 bits).
@@ -51,21 +51,6 @@ def unpack(words: np.ndarray, vocab: int) -> torch.Tensor:
     return torch.from_numpy(out)
 
 
-def pack(allowed: torch.Tensor) -> np.ndarray:
-    """bool [n, V] as packed int32 words [n, ceil(V / 32)] (unpack's inverse)."""
-    a = allowed.numpy()
-    pad = (-a.shape[1]) % 32
-    if pad:
-        a = np.pad(a, ((0, 0), (0, pad)))
-    return np.packbits(a, axis=1, bitorder="little").view(np.int32)
-
-
-@cpu_kernel
-def _thr(best, a, u_out):
-    floor = best - u_out * abs(best) - 2 * a
-    return floor / (1 + u_out) if floor >= 0 else floor / (1 - u_out)
-
-
 @cpu_kernel
 def _dot(w, y, j, r):
     exact = np.float32(0.0)
@@ -84,25 +69,24 @@ def _popcount(x):
 
 
 @cpu_kernel
-def _row_tile_keys(row, keys):
-    """keys[t] = the largest key of tile t of one row's int16 keys, at least 0 (a tile of
-    negatives stands for 0). A whole tile's fixed-length int32 loop vectorises: ~25 us a 129k
-    row, where a variable-length int16 one took ~200 us."""
+def _row_tile_tops(row, top_bits):
+    """top_bits[t] = the fp32 bits of the largest value of tile t of one row's bf16 keys, at
+    least 0 (a tile of negatives stands for 0, an upper bound): read as float32, the tiles'
+    maxima. A whole tile's fixed-length int32 loop vectorises: ~25 us a 129k row, where a
+    variable-length int16 one took ~200 us."""
     vocab = row.shape[0]
-    whole = vocab // TILE
-    for t in range(whole):
+    for t in range(top_bits.shape[0]):
         key = np.int32(0)
         base = t * TILE
-        for j in range(TILE):
-            v = np.int32(row[base + j])
-            key = v if v > key else key
-        keys[t] = key
-    if whole < keys.shape[0]:
-        key = np.int32(0)
-        for j in range(whole * TILE, vocab):
-            v = np.int32(row[j])
-            key = v if v > key else key
-        keys[whole] = key
+        if base + TILE <= vocab:
+            for j in range(TILE):
+                v = np.int32(row[base + j])
+                key = v if v > key else key
+        else:
+            for j in range(base, vocab):
+                v = np.int32(row[j])
+                key = v if v > key else key
+        top_bits[t] = np.uint32(key) << 16
 
 
 @cpu_kernel
@@ -116,10 +100,10 @@ def _argmax(x):
 
 
 # The index of a 32-bit word's lowest set bit, from its isolated bit times a de Bruijn sequence.
-_DE_BRUIJN = np.uint32(0x077CB531)
+_DE_BRUIJN = 0x077CB531
 _BIT_OF = np.zeros(32, dtype=np.int64)
 for _b in range(32):
-    _BIT_OF[((1 << _b) * int(_DE_BRUIJN) & 0xFFFFFFFF) >> 27] = _b
+    _BIT_OF[((1 << _b) * _DE_BRUIJN & 0xFFFFFFFF) >> 27] = _b
 
 
 @cpu_kernel
@@ -132,7 +116,6 @@ def _masked_settle_kernel(bits, rows, words, limit, a, y, w, max_cand, u_out, id
     n_words = words.shape[1]
     word = np.empty(1, np.uint32)
     as_f32 = word.view(np.float32)
-    keys = np.empty(groups, np.int32)
     top_bits = np.empty(groups, np.uint32)  # the tiles' maxima as fp32 values (bf16 widened)
     top = top_bits.view(np.float32)
     ids = np.empty(vocab, np.int64)  # the allowed tokens read, and their approximate logits
@@ -151,16 +134,14 @@ def _masked_settle_kernel(bits, rows, words, limit, a, y, w, max_cand, u_out, id
                 while x != 0:
                     low = x & -x
                     x ^= low
-                    j = k * 32 + _BIT_OF[((low * 0x077CB531) & 0xFFFFFFFF) >> 27]
+                    j = k * 32 + _BIT_OF[((low * _DE_BRUIJN) & 0xFFFFFFFF) >> 27]
                     if j < limit:
                         ids[n] = j
                         vals[n] = _bf16_value(bits[r, j], word, as_f32)
                         best = max(best, vals[n])
                         n += 1
         else:  # the tiles in decreasing order of their maximum, while one may hold a candidate
-            _row_tile_keys(bits[r], keys)
-            for t in range(groups):
-                top_bits[t] = np.uint32(keys[t]) << 16
+            _row_tile_tops(bits[r], top_bits)
             thr = -np.inf
             order = np.empty(0, np.int64)
             for p in range(groups):
@@ -184,8 +165,8 @@ def _masked_settle_kernel(bits, rows, words, limit, a, y, w, max_cand, u_out, id
                             n += 1
                             if v > best:
                                 best = v
-                                thr = _thr(best, a[r], u_out)
-        thr = _thr(best, a[r], u_out)
+                                thr = threshold_value(best, a[r], u_out)
+        thr = threshold_value(best, a[r], u_out)
         if n == 0 or not np.isfinite(thr):
             continue  # no allowed token, or overflowing bounds: the caller's logits
         n_cand = 0
@@ -214,12 +195,9 @@ def _ranked_kernel(row, ids, vals):
     vocab = row.shape[0]
     k = ids.shape[0]
     groups = (vocab + TILE - 1) // TILE
-    keys = np.empty(groups, np.int32)
-    _row_tile_keys(row, keys)
     top_bits = np.empty(groups, np.uint32)
+    _row_tile_tops(row, top_bits)
     top = top_bits.view(np.float32)
-    for t in range(groups):
-        top_bits[t] = np.uint32(keys[t]) << 16
     word = np.empty(1, np.uint32)
     as_f32 = word.view(np.float32)
     n = 0
@@ -278,7 +256,7 @@ def walk_settle(approx, a, y, w, row: int, allows, k: int) -> int | None:
             break
         if allows(j):
             if thr is None:
-                thr = float(_thr(v, float(a[row]), U_OUT))
+                thr = float(threshold_value(v, float(a[row]), U_OUT))
                 if not np.isfinite(thr):
                     return None
             cands.append(j)

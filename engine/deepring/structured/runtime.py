@@ -333,13 +333,15 @@ class TokenMasks:
             s.eager = not self.allows(i, tokens[i])
             if s.eager:
                 need.append(i)
+        words = self._buf[need]  # (a copy: their masks, read once)
         if need:  # (an empty mask: a matcher in error; the engine drops its constraint)
-            need = [i for i, any_ in zip(need, self._buf[need].any(1), strict=True) if any_]
+            some = words.any(1)
+            need, words = [i for i, any_ in zip(need, some, strict=True) if any_], words[some]
         self.rows += len(need)
         if need and masked is not None:
             # The greedy head's own approximate logits settled again under each mask: exact,
             # and no fp32 row of the vocabulary (kernels.greedy_masked).
-            won = masked(need, self._buf[need], self.vocab_size)
+            won = masked(need, words, self.vocab_size)
             self.settled += sum(tok is not None for tok in won)
             for i, tok in zip(need, won, strict=True):
                 if tok is not None:
