@@ -36,7 +36,7 @@ _LOWEST_BF16 = float(torch.finfo(torch.bfloat16).min)
 # A row allowing at most this many tokens reads them from its mask's set bits; more, the walk.
 _SPARSE = 2048
 # Tiles a walk picks by repeated argmax before it sorts the rest (an argmax over a 129k
-# vocabulary's ~1,000 tiles is ~1 us, their sort ~30 us).
+# vocabulary's ~1,000 tiles is ~1 us, their sort ~30 us: ad-hoc timings, 2-core machine).
 _PICKED = 8
 # A row with more candidates than this (a loose bound) is left to the caller's fp32 logits.
 MAX_CANDIDATES = 2048
@@ -73,7 +73,7 @@ def _row_tile_tops(row, top_bits):
     """top_bits[t] = the fp32 bits of the largest value of tile t of one row's bf16 keys, at
     least 0 (a tile of negatives stands for 0, an upper bound): read as float32, the tiles'
     maxima. A whole tile's fixed-length int32 loop vectorises: ~25 us a 129k row, where a
-    variable-length int16 one took ~200 us."""
+    variable-length int16 one took ~200 us (ad-hoc timings, 2-core dev machine)."""
     vocab = row.shape[0]
     for t in range(top_bits.shape[0]):
         key = np.int32(0)
@@ -91,7 +91,8 @@ def _row_tile_tops(row, top_bits):
 
 @cpu_kernel
 def _argmax(x):
-    """The index of x's first maximum (no NaN here: np.argmax's checks cost ~2 us a call)."""
+    """The index of x's first maximum (no NaN here; np.argmax's checks cost ~2 us a call,
+    ad-hoc timing)."""
     best = 0
     for i in range(1, x.shape[0]):
         if x[i] > x[best]:
