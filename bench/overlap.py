@@ -1,13 +1,14 @@
-"""Overlapped worker loop benchmark (issue 20): `deepring serve --zero-cost` with a paced engine
-step (`--zero-cost-step-ms`, default 5: the stand-in for the device's time, during which the
-step thread holds no CPU), with the overlapped loop (the default) against `--no-overlap`, in
-interleaved A/B pairs (the machine drifts ~10% between minutes).
+"""Overlapped engine benchmark (issue 20): `deepring serve --zero-cost` with a paced engine
+step (`--zero-cost-step-ms`, default 5: the stand-in for the device's time, a sleep on the
+runner's compute thread that holds no CPU), with the overlapped engine (the default:
+core.overlap) against `--no-overlap`, in interleaved A/B pairs (the machine drifts ~10%
+between minutes).
 
-Per run, from the decode worker's step timeline (`--trace-dir`) and /metrics:
-- CPU per step: the loop's and the step's work besides the paced compute (poll, messages,
-  send, schedule, post, the role's bookkeeping), in ms;
-- hidden: the share of that CPU time spent while a step's compute ran (overlapped), the
-  issue's target (>= 80% with the zero-cost runner);
+Per run, from the decode worker's step timeline (`--trace-dir`) and the load generator:
+- CPU per step: the loop thread's work besides waiting for the compute (polls, messages,
+  planning, launching and posting steps, the role's bookkeeping and sends), in ms;
+- hidden: the share of that CPU time spent while a step computed, the issue's target
+  (>= 80% with the zero-cost runner);
 - tokens/s and TPOT p50 of 64 streaming clients (deepring.loadgen).
 
 Usage: python bench/overlap.py [--pairs 3] [--step-ms 5] [--clients 64] [--max-tokens 200]
@@ -28,41 +29,73 @@ from serve import OUT, Server
 TARGET_HIDDEN = 0.80
 
 
-def _spans(path: Path) -> list[dict]:
+IDLE_POLL_S = 1e-3  # a poll at least this long waited for messages (idle), not CPU work
+
+
+def _events(path: Path) -> list[dict]:
     text = path.read_text()
     if not text.rstrip().endswith("]"):
         text = text.rstrip().rstrip(",") + "]"
-    return [e for e in json.loads(text) if e.get("ph") == "X"]
+    return json.loads(text)
 
 
-def _overlap(a: tuple[float, float], spans: list[tuple[float, float]]) -> float:
-    """Microseconds of interval `a` covered by the (disjoint, sorted) `spans`."""
-    s, e = a
-    return sum(max(0.0, min(e, y) - max(s, x)) for x, y in spans if x < e and y > s)
+def _merge(spans: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    out: list[tuple[float, float]] = []
+    for s, e in sorted(spans):
+        if out and s <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], e))
+        else:
+            out.append((s, e))
+    return out
+
+
+def _minus(spans, holes) -> list[tuple[float, float]]:
+    """`spans` without the parts `holes` cover (both sorted and disjoint)."""
+    out, j = [], 0
+    for s, e in spans:
+        while j < len(holes) and holes[j][1] <= s:
+            j += 1
+        k, cur = j, s
+        while k < len(holes) and holes[k][0] < e:
+            if holes[k][0] > cur:
+                out.append((cur, holes[k][0]))
+            cur = max(cur, holes[k][1])
+            k += 1
+        if cur < e:
+            out.append((cur, e))
+    return out
+
+
+def _length(spans) -> float:
+    return sum(e - s for s, e in spans)
 
 
 def analyse(trace: Path) -> dict:
-    spans = _spans(trace)
-    compute = sorted((e["ts"], e["ts"] + e["dur"]) for e in spans if e["name"] == "compute")
-    steps = len(compute)
-    # CPU work: everything but compute and the spans that contain others (step: the role's
-    # whole step, which holds schedule / compute / post) or wait (poll with a timeout is
-    # counted, it is bounded by 0 when busy; idle polls are outside any compute anyway).
-    work = [e for e in spans if e["name"] in ("poll", "messages", "send", "schedule", "post")]
-    role = [e for e in spans if e["name"] == "step"]
-    inner = {n: sum(e["dur"] for e in spans if e["name"] == n) for n in ("schedule", "post")}
-    role_extra = sum(e["dur"] for e in role) - sum(inner.values()) - sum(y - x for x, y in compute)
-    busy_polls = [
-        e for e in work
-        if e["name"] == "poll" and _overlap((e["ts"], e["ts"] + e["dur"]), compute) > 0
-    ]  # fmt: skip
-    loop_work = [e for e in work if e["name"] in ("messages", "send")] + busy_polls
-    cpu = sum(e["dur"] for e in loop_work) + sum(inner.values()) + max(0.0, role_extra)
-    hidden = sum(_overlap((e["ts"], e["ts"] + e["dur"]), compute) for e in loop_work)
+    """The loop thread's CPU work (its messages, zero-timeout polls and steps, less the waits
+    and the compute inside them) and the part of it that ran while a step computed on the
+    compute thread (the overlapped engine; with --no-overlap the compute is on the loop
+    thread and nothing overlaps it)."""
+    events = _events(trace)
+    names = {e["tid"]: e["args"]["name"] for e in events if e.get("name") == "thread_name"}
+    spans = [e for e in events if e.get("ph") == "X"]
+
+    def of(pred) -> list[tuple[float, float]]:
+        return _merge([(e["ts"], e["ts"] + e["dur"]) for e in spans if pred(e)])
+
+    loop = [t for t, n in names.items() if n == "loop"]
+    on_loop = lambda e: e["tid"] in loop  # noqa: E731
+    compute = [e for e in spans if e["name"] == "compute"]
+    work = of(lambda e: on_loop(e) and (e["name"] in ("messages", "step") or (
+        e["name"] == "poll" and e["dur"] < IDLE_POLL_S * 1e6)))  # fmt: skip
+    idle = of(lambda e: on_loop(e) and e["name"] in ("wait", "compute"))
+    cpu = _minus(work, idle)
+    elsewhere = of(lambda e: e["name"] == "compute" and not on_loop(e))
+    hidden = _length(cpu) - _length(_minus(cpu, elsewhere))
+    total = _length(cpu)
     return {
-        "steps": steps,
-        "cpu_ms_per_step": cpu / max(1, steps) / 1e3,
-        "hidden": hidden / cpu if cpu else 0.0,
+        "steps": len(compute),
+        "cpu_ms_per_step": total / max(1, len(compute)) / 1e3,
+        "hidden": hidden / total if total else 0.0,
     }
 
 

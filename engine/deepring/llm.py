@@ -73,10 +73,13 @@ class LLM:
         block_size: int = 128,
         progress: bool = False,
         speculative: str = "off",
+        overlap: bool = False,
     ) -> None:
         """speculative: off | mtp | fixed:N | dspark (core.speculative; the output is the
         same either way, only faster or slower). quantised: auto | keep | dequantise, what
-        happens to a checkpoint's FP8 / MXFP4 weights (model.loader.keeps_quantised)."""
+        happens to a checkpoint's FP8 / MXFP4 weights (model.loader.keeps_quantised).
+        overlap: step the engine one step ahead (core.overlap: the next step is planned while
+        one computes; the same outputs), as serving workers do."""
         if max_num_batched_tokens is None:
             # Offline work is throughput-bound: a step's token budget of a whole prompt at least,
             # and 4096 (DeepInfer's default rule). Serving keeps its smaller, latency-bound one.
@@ -115,6 +118,11 @@ class LLM:
             elif tokenizer is not None:
                 raise ValueError(f"no tokenizer.json at {tok_file}")
         self._recipe: Recipe | None = None
+        self._overlap = None
+        if overlap:
+            from deepring.core.overlap import Overlapped
+
+            self._overlap = Overlapped(self.engine)
         self._seed = seed
         self._counter = itertools.count()
 
@@ -226,8 +234,9 @@ class LLM:
         logprobs: dict[int, list[TokenLogprob]] = {
             r.rid: [] for r in order if r.params.logprobs is not None
         }
-        while self.engine.has_work:
-            for r in self.engine.step():
+        ov = self._overlap
+        while ov.busy if ov is not None else self.engine.has_work:
+            for r in ov.step() if ov is not None else self.engine.step():
                 done += r.finished
                 if r.logprobs is not None:
                     logprobs[r.request.rid].append(r.logprobs)

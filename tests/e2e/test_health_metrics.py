@@ -51,9 +51,10 @@ def test_metrics_after_requests(server, openai_client):
 
 
 def test_step_timeline_and_compute_share(server, openai_client):
-    """--trace-dir: every worker writes a Chrome trace of its loop, with the engine's steps as
-    schedule / compute / post inside `step` spans; /metrics splits the busy time into the model
-    runner's share and the rest."""
+    """--trace-dir: every worker writes a Chrome trace of its loop, with the overlapped
+    engine's schedule / wait / launch / post inside `step` spans and each step's compute on a
+    track of its own, from its launch to the end of the wait for its tokens; /metrics splits
+    the busy time into the model runner's share and the rest."""
     for _ in range(2):
         openai_client.chat.completions.create(
             model="tiny", messages=[{"role": "user", "content": "Hi"}], max_tokens=6,
@@ -74,16 +75,16 @@ def test_step_timeline_and_compute_share(server, openai_client):
         events = json.loads(text.rstrip().rstrip(",") + "]")
         spans = [e for e in events if e.get("ph") == "X"]
         names = {e["name"] for e in spans}
-        assert {"poll", "step", "schedule", "compute", "post"} <= names, (wid, names)
+        assert {"poll", "step", "schedule", "wait", "launch", "compute", "post"} <= names
+        threads = {e["tid"]: e["args"]["name"] for e in events if e.get("name") == "thread_name"}
+        ends = {n: {round(e["ts"] + e["dur"]) for e in spans if e["name"] == n}
+                for n in ("launch", "wait")}  # fmt: skip
         for c in (e for e in spans if e["name"] == "compute"):
-            # Inside a step span, and carrying the step's shape.
+            # On its own track, carrying the step's shape, from a launch to a wait's end.
+            assert threads[c["tid"]] == "compute"
             assert c["args"]["tokens"] >= c["args"]["seqs"] >= 1
-            assert any(
-                s["name"] == "step"
-                and s["ts"] <= c["ts"]
-                and c["ts"] + c["dur"] <= s["ts"] + s["dur"] + 1
-                for s in spans
-            )
+            assert {round(c["ts"]) + d for d in (-1, 0, 1)} & ends["launch"]
+            assert {round(c["ts"] + c["dur"]) + d for d in (-1, 0, 1)} & ends["wait"]
     labels = '{worker="decode-0",role="decode"}'
     compute = server.metric("deepring_worker_compute_seconds_total", labels)
     busy = server.metric("deepring_worker_busy_seconds_total", labels)

@@ -22,7 +22,7 @@ from deepring.cache.allocator import BlockAllocator, SlotAllocator
 from deepring.cache.pool import CacheConfig, KVCachePool
 from deepring.cache.transfer import CacheState, export_state, import_state
 from deepring.config import CACHE_CLASSES
-from deepring.core.images import PromptImage, check_images, key_ids
+from deepring.core.images import PromptImage, attach_images, check_images
 from deepring.core.prefix import PrefixCache, PrefixConfig, Store
 from deepring.core.request import Request, Status
 from deepring.core.runner import Runner
@@ -87,9 +87,6 @@ class EngineCore:
         # (start, runner start, runner end, end) on `clock` (worker.timeline).
         self.compute_seconds = 0.0
         self.last_phases: tuple[float, float, float, float] | None = None
-        # Called as each step's runner starts (the overlapped worker loop sends its previous
-        # outputs from then on, once the step holds no Python work the sends would delay).
-        self.on_compute: Callable[[], None] | None = None
         self.prefix: PrefixCache | None = None
         # Structured output: the tokenizer.json constrained requests compile against (set by
         # build_engine), and the compiler, made on the first constrained request or before
@@ -227,7 +224,7 @@ class EngineCore:
             grammar=self._grammar_state(constraint, done),
             thinking_ended=end is not None and end in done,
         )  # fmt: skip
-        _attach_images(req, images, lengths)
+        attach_images(req, images, lengths)
         if self.prefix is not None:
             self.prefix.plan(req)
         self.requests[rid] = req
@@ -302,7 +299,7 @@ class EngineCore:
             # decode workers with the same --speculative).
             draft_from=0 if self.spec is not None else None,
         )
-        _attach_images(req, images, lengths)
+        attach_images(req, images, lengths)
         if self.prefix is not None:
             self.prefix.adopt(req)
         self.requests[rid] = req
@@ -380,6 +377,34 @@ class EngineCore:
             return "length"
         return None
 
+    def append_token(self, req: Request, tok: int) -> None:
+        """A token the model produced joins `req`'s output."""
+        req.output_ids.append(tok)
+        self.count_token(req, tok)
+
+    def count_token(self, req: Request, tok: int) -> None:
+        """Bookkeeping for a token appended to `req`'s output (core.overlap appends it first,
+        before the next step's launch, and does this after)."""
+        self.num_generated += 1
+        if tok == req.params.think_end_id:
+            req.thinking_ended = True
+
+    def emit(
+        self, req: Request, tok: int, lp: TokenLogprob | None, index: int,
+        results: list[StepResult], stops: list[tuple[Request, str]],
+    ) -> None:  # fmt: skip
+        """The result of output token `index` of `req` (appended already), its grammar
+        advanced, and its stop reason, if any, put in `stops`."""
+        if req.grammar is not None and not req.grammar.advance(tok):
+            # Only a runner that does not mask (the zero-cost one) gets here: the request goes
+            # on unconstrained rather than failing.
+            log.warning("request %s left its constraint: %s", req.rid, req.grammar.error)
+            req.grammar = None
+        reason = self._stop_reason(req, tok)
+        if reason is not None:
+            stops.append((req, reason))
+        results.append(StepResult(req, tok, reason is not None, lp, index))
+
     def step(self) -> list[StepResult]:
         """One scheduled step. Finished requests are freed before this returns."""
         t0 = self.clock()
@@ -393,8 +418,6 @@ class EngineCore:
             return []
         self.num_steps += 1
         shape = StepShape.of((s.num_tokens, s.request.num_cached) for s in scheduled)
-        if self.on_compute is not None:
-            self.on_compute()
         t1 = self.clock()
         runs = self._run(scheduled)
         t2 = self.clock()
@@ -405,21 +428,8 @@ class EngineCore:
             if not run:
                 results.append(StepResult(req, None, False))
             for tok, lp in run:
-                self.num_generated += 1
-                req.output_ids.append(tok)
-                if tok == req.params.think_end_id:
-                    req.thinking_ended = True
-                if req.grammar is not None and not req.grammar.advance(tok):
-                    # Only a runner that does not mask (the zero-cost one) gets here: the
-                    # request goes on unconstrained rather than failing.
-                    log.warning("request %s left its constraint: %s", req.rid, req.grammar.error)
-                    req.grammar = None
-                reason = self._stop_reason(req, tok)
-                if reason is not None:
-                    stops.append((req, reason))
-                results.append(
-                    StepResult(req, tok, reason is not None, lp, len(req.output_ids) - 1)
-                )
+                self.append_token(req, tok)
+                self.emit(req, tok, lp, len(req.output_ids) - 1, results, stops)
         # Blocks are published once the tokens they hold are known (a speculative step caches
         # rows of tokens it emits in the same step), and before finished requests free them;
         # the drafter writes this step's rows into its rings first (the snapshots hold them).
@@ -500,11 +510,3 @@ class EngineCore:
             # Tokens the running requests hold: a decode step's attention reads them all.
             "context_tokens": sum(r.num_tokens for r in s.running),
         }
-
-
-def _attach_images(req: Request, images: Sequence[PromptImage], lengths: list[int]) -> None:
-    """A request's images, their spans and its prompt as the prefix cache keys it."""
-    if images:
-        req.images = tuple(images)
-        req.image_spans = [(im.start, im.start + n) for im, n in zip(images, lengths, strict=True)]
-        req.key_prompt = key_ids(req.prompt_ids, images, lengths)

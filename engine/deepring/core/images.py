@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -20,6 +21,9 @@ import torch
 from deepring.image_spans import NO_VISION, EncodedImage, encoded_digest, span_ids, webp_size
 from deepring.image_spans import key_ids as _key_ids
 from deepring.model.v41.vision import VisionConfig
+
+if TYPE_CHECKING:
+    from deepring.core.request import Request
 
 
 @dataclass(frozen=True)
@@ -140,6 +144,14 @@ def key_ids(
     digest (deepring.image_spans.key_ids)."""
     spans = [(im.start, n, im.digest) for im, n in zip(images, lengths, strict=True)]
     return _key_ids(prompt_ids, spans)
+
+
+def attach_images(req: Request, images: Sequence[PromptImage], lengths: list[int]) -> None:
+    """A request's images, their spans and its prompt as the prefix cache keys it."""
+    if images:
+        req.images = tuple(images)
+        req.image_spans = [(im.start, im.start + n) for im, n in zip(images, lengths, strict=True)]
+        req.key_prompt = key_ids(req.prompt_ids, images, lengths)
 
 
 def image_support(model) -> dict | str:

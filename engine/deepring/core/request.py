@@ -64,6 +64,11 @@ class Request:
     image_spans: list[tuple[int, int]] = field(default_factory=list)
     key_prompt: list[int] | None = None
     image_embeds: dict = field(default_factory=dict)
+    # The overlapped engine (core.overlap): whether a launched step holding this request is
+    # still computing (its slot and blocks are freed only once it is not), and the tokens that
+    # step will add to its output (0 or 1: the next step is planned before they are known).
+    in_flight: bool = False
+    ahead: int = 0
 
     @property
     def num_tokens(self) -> int:
@@ -93,8 +98,9 @@ class Request:
 
     @property
     def pending(self) -> int:
-        """Tokens not yet fed to the model (the whole prompt at first, then 1 per decode)."""
-        return self.num_tokens - self.num_cached
+        """Tokens not yet fed to the model (the whole prompt at first, then 1 per decode),
+        counting the one a computing step will add (`ahead`)."""
+        return self.num_tokens + self.ahead - self.num_cached
 
     @property
     def finished(self) -> bool:

@@ -6,6 +6,9 @@ which produces tokens without a model to measure the serving stack alone.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Protocol
 
 import torch
@@ -26,6 +29,21 @@ class Runner(Protocol):
         every request whose chunk completes its known tokens (None for mid-prompt chunks)."""
         ...
 
+    def launch(self, scheduled: list[Scheduled]) -> Callable[[], list[int | None]]:
+        """step() started: num_cached is advanced when this returns, and the returned function
+        waits for the tokens (core.overlap plans the next step meanwhile)."""
+        ...
+
+
+@dataclass
+class _Prepared:
+    """A step's batch, built on the caller's thread (ModelRunner.launch)."""
+
+    scheduled: list[Scheduled]
+    completes: list[bool]
+    batch: ForwardBatch
+    sampling: list[Scheduled]  # the scheduled requests that sample a token
+
 
 class ModelRunner:
     def __init__(self, model: DeepseekV4, pool: KVCachePool) -> None:
@@ -35,6 +53,7 @@ class ModelRunner:
         self.block_size = pool.cache.block_size
         self.window = pool.layout.window
         self.masks = None  # structured.runtime.TokenMasks, made for the first constrained step
+        self._compute_thread: ThreadPoolExecutor | None = None  # launch()'s, made on first use
         # Tokens before a chunk the model reads (V4.1's Engram n-grams; 0 for V4).
         self.context = int(getattr(model, "token_context", 0))
         # V4.1: the decoder computes only each prompt's last `keep` tokens (0: every token).
@@ -48,6 +67,22 @@ class ModelRunner:
     def step(self, scheduled: list[Scheduled]) -> list[int | None]:
         """Feed each request its chunk; returns the sampled token of every request whose chunk
         completes its known tokens (None for mid-prompt chunks)."""
+        prepared = self._prepare(scheduled)
+        return self._complete(prepared, self._compute(prepared))
+
+    def launch(self, scheduled: list[Scheduled]) -> Callable[[], list[int | None]]:
+        """step(), with the forward and the sampler on the compute thread: returns at once (the
+        batch built, num_cached advanced) with a function that waits for the tokens. Until
+        then the caller changes none of the requests' output, grammar or images."""
+        prepared = self._prepare(scheduled)
+        if self._compute_thread is None:
+            self._compute_thread = ThreadPoolExecutor(1, thread_name_prefix="compute")
+        fut = self._compute_thread.submit(self._compute, prepared)
+        return lambda: self._complete(prepared, fut.result())
+
+    def _prepare(self, scheduled: list[Scheduled]) -> _Prepared:
+        """The step's batch, from the requests as they are; then their num_cached counts the
+        rows it writes (what the next step is planned from)."""
         completes = [s.completes for s in scheduled]
         chunks = []
         for s in scheduled:
@@ -79,7 +114,14 @@ class ModelRunner:
         batch = ForwardBatch.build(
             chunks, self.model.rope_tables(), self.block_size, self.model.device
         )
+        for s in scheduled:
+            s.request.num_cached += s.num_tokens
         sampling = [s for s, c in zip(scheduled, completes, strict=True) if c]
+        return _Prepared(scheduled, completes, batch, sampling)
+
+    def _compute(self, p: _Prepared) -> list[int]:
+        """The forward and the sampled tokens of the rows that sample."""
+        sampling = p.sampling
         # Constrained rows (structured output): their token masks are computed while the model
         # runs, then applied to the logits; a greedy one keeps the argmax-only head's token when
         # its grammar allows it and is otherwise recomputed from its own logits, masked. The
@@ -88,26 +130,27 @@ class ModelRunner:
         greedy = all(s.request.params.argmax_only for s in sampling)
         pending = self._start_masks(sampling, greedy)
         try:
-            out_step = self.model(batch, self.pool, greedy=greedy)
+            out_step = self.model(p.batch, self.pool, greedy=greedy)
         finally:
             if pending is not None:
                 self.masks.wait(pending)  # never leave a helper thread holding the matchers
-        tokens: list[int] = []
         forced = _forced(sampling)
         if sampling and greedy:
-            tokens = self.constrained_greedy(out_step, pending, forced)
-        elif sampling:
-            self.constrain_logits(out_step.logits, pending, forced)
-            rows = [s.request for s in sampling]
-            sampled = self.sampler.sample(out_step.logits, rows)
-            tokens = sampled.tokens
-            for r, lp in zip(rows, sampled.logprobs, strict=True):
-                r.new_logprob = lp  # EngineCore.step hands it on with the token
+            return self.constrained_greedy(out_step, pending, forced)
+        if not sampling:
+            return []
+        self.constrain_logits(out_step.logits, pending, forced)
+        rows = [s.request for s in sampling]
+        sampled = self.sampler.sample(out_step.logits, rows)
+        for r, lp in zip(rows, sampled.logprobs, strict=True):
+            r.new_logprob = lp  # EngineCore.step hands it on with the token
+        return sampled.tokens
+
+    def _complete(self, p: _Prepared, tokens: list[int]) -> list[int | None]:
         out: list[int | None] = []
         it = iter(tokens)
-        for s, c in zip(scheduled, completes, strict=True):
+        for s, c in zip(p.scheduled, p.completes, strict=True):
             r = s.request
-            r.num_cached += s.num_tokens
             if r.image_embeds:  # dropped once prefilled past (a recompute runs the tower again)
                 for k in [k for k in r.image_embeds if r.image_spans[k][1] <= r.num_cached]:
                     del r.image_embeds[k]

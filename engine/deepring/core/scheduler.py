@@ -72,6 +72,9 @@ class Scheduler:
         self.window = 1  # the model's sliding window (replayed chunks need >= 2 rows in it)
         # Chunk sizes from a latency target (cost.pacer), set by the engine when one is given.
         self.pacer: Pacer | None = None
+        # Finished requests whose slot and blocks a computing step still uses (core.overlap):
+        # freed by release_held once it is done.
+        self.held: list[Request] = []
 
     def add(self, req: Request) -> None:
         req.status = Status.WAITING
@@ -102,13 +105,24 @@ class Scheduler:
             req.slot = None
 
     def finish(self, req: Request, reason: str) -> None:
-        self.release(req)
+        if req.in_flight:
+            self.held.append(req)
+        else:
+            self.release(req)
         if req in self.running:
             self.running.remove(req)
         elif req in self.waiting:
             self.waiting.remove(req)
         req.status = Status.FINISHED
         req.finish_reason = reason
+
+    def release_held(self) -> None:
+        """Free what finished requests held once no computing step uses it any more."""
+        keep = [r for r in self.held if r.in_flight]
+        for r in self.held:
+            if not r.in_flight:
+                self.release(r)
+        self.held = keep
 
     def _preempt(self, req: Request) -> None:
         self.release(req)
@@ -135,7 +149,11 @@ class Scheduler:
             return 0  # a replayed window's rows take the prefill kernels (see SeqChunk)
         return n
 
-    def schedule(self) -> list[Scheduled]:
+    def schedule(self, preempt: bool = True) -> list[Scheduled] | None:
+        """The next step's requests and chunks. preempt False (a step is still computing, and
+        its requests' slots and blocks are in use): None where a request would have to be
+        preempted for room, instead of preempting it (the caller plans again once the step is
+        done)."""
         budget = self.config.max_num_batched_tokens
         if self.pacer is not None:
             self.pacer.begin(self.running)
@@ -152,6 +170,8 @@ class Scheduler:
             drafts = min(len(req.drafts), budget - 1) if n == req.pending == 1 else 0
             n += drafts
             while not self._grow(req, req.num_cached + n):
+                if not preempt:
+                    return None
                 victim = self.running[-1]
                 self._preempt(victim)
                 if victim is req:
@@ -179,6 +199,8 @@ class Scheduler:
                 if prefix is not None:
                     prefix.release(req)
                 if n and not self.running and not out:
+                    if not preempt:
+                        return None  # (blocks a computing step holds may be freed after it)
                     raise RuntimeError(
                         f"request {req.rid} needs more cache blocks than the pool has"
                     )

@@ -13,6 +13,7 @@ rings all run as they do with a real model.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from deepring.core.scheduler import Scheduled
@@ -47,16 +48,34 @@ class ZeroCostRunner:
         return ids[(seed + position) % len(ids)]
 
     def step(self, scheduled: list[Scheduled]) -> list[int | None]:
-        if self.step_seconds:
-            time.sleep(self.step_seconds)
-        out: list[int | None] = []
+        return self.launch(scheduled)()
+
+    def launch(self, scheduled: list[Scheduled]) -> Callable[[], list[int | None]]:
+        """step() started (num_cached advanced): the returned function waits for the tokens.
+        A paced step is a device computing for step_seconds from now, whatever the host does
+        meanwhile: the wait makes the tokens (the device's sampler), then sleeps out the rest
+        of the step (no thread: a handover of the GIL costs more than the work it hides)."""
+        completes = [s.completes for s in scheduled]
         for s in scheduled:
-            r = s.request
-            completes = s.completes
-            r.num_cached += s.num_tokens
-            if not completes:
+            s.request.num_cached += s.num_tokens
+        done_at = time.perf_counter() + self.step_seconds
+
+        def wait() -> list[int | None]:
+            tokens = self._tokens(scheduled, completes)
+            left = done_at - time.perf_counter()
+            if left > 0:
+                time.sleep(left)
+            return tokens
+
+        return wait
+
+    def _tokens(self, scheduled: list[Scheduled], completes: list[bool]) -> list[int | None]:
+        out: list[int | None] = []
+        for s, c in zip(scheduled, completes, strict=True):
+            if not c:
                 out.append(None)
                 continue
+            r = s.request
             forced = r.params.forced_think_end(len(r.output_ids), r.thinking_ended)
             tok = self.token_at(r.seed, r.num_tokens) if forced is None else forced
             k = r.params.logprobs

@@ -112,7 +112,7 @@ def step(role: DecodeRole, runner: SimRunner) -> bool:
         role.pending or s.waiting or not running or engine.eos_token_ids
         or len(running) > s.config.max_num_batched_tokens
         or engine.spec is not None or engine.prefix is not None
-        or engine.on_compute is not None or role.outbox is not None
+        or role.overlap is not None
     ):  # fmt: skip
         return False
     b = batch.current(role, runner)

@@ -20,9 +20,7 @@ import os
 import random
 import signal
 import sys
-import threading
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -240,8 +238,7 @@ def run_spare(config: WorkerConfig, conn, name: str) -> int:
         return run_worker(role, loaded if same else None)
 
 
-SWITCH_INTERVAL_S = 0.0002  # the GIL's hand-over period with the overlapped loop
-COMPUTE_WAIT_S = 0.05  # bound on waiting for a step to reach its compute before sending
+SWITCH_INTERVAL_S = 0.0002  # the GIL's hand-over period with the overlapped engine
 
 
 def trace_file(config: WorkerConfig) -> Path | None:
@@ -339,58 +336,41 @@ def run_worker(config: WorkerConfig, loaded=None) -> int:
     # Wall time the worker has been busy (Stats.busy_seconds): from a step's start until the
     # loop has nothing in flight and nothing to do; idle waits for messages are not counted.
     busy = [0.0, None]  # [closed periods, start of the open one]
-    # The overlapped loop (config.overlap): the step runs on its own thread while this one
-    # sends the previous step's outputs and takes the ring's messages; everything that reads
-    # or changes the engine happens between two steps, here.
-    # An expert-parallel rank steps on the loop thread: its tick (a collective) runs on every
-    # iteration, with or without work, which the step thread's launch-when-busy does not do.
-    overlapped = config.overlap and ep_rank is None
-    stepper = ThreadPoolExecutor(1, thread_name_prefix="step") if overlapped else None
-    computing = threading.Event()  # the in-flight step reached its compute
-    if stepper is not None:
-        role.outbox = []
-        # Two threads share the GIL: at the default 5 ms switch interval a step waiting for
-        # it behind the loop's sends would lose most of what the overlap gains.
+    # The overlapped engine (config.overlap, core.overlap): each step is planned while the one
+    # before computes, and the loop's own work (messages, sends, heartbeats) runs while the
+    # step it launched computes. An expert-parallel rank steps in lockstep with its group (its
+    # tick is a collective): sequentially.
+    if config.overlap and ep_rank is None:
+        from deepring.core.overlap import Overlapped
+
+        role.overlap = Overlapped(eng, hands_off=isinstance(role, PrefillRole))
+        # The compute thread (a model's forward on the CPU) and this one share the GIL: at the
+        # default 5 ms switch interval a step's launch waiting behind the loop's work would
+        # lose most of what the overlap gains.
         sys.setswitchinterval(SWITCH_INTERVAL_S)
-        eng.on_compute = computing.set
 
-    def run_step() -> None:
-        try:
-            role.step()
-        finally:
-            computing.set()  # (a step that only admitted has no compute to wait for)
-
-    inflight: tuple[Future, float, int] | None = None  # (the step, its start, steps before it)
-
-    def stepped(steps_before: int, thread: str) -> bool:
-        if eng.num_steps == steps_before:
+    def stepped(steps_before: int) -> bool:
+        spans = role.overlap.spans if role.overlap is not None else []
+        if eng.num_steps == steps_before and not any(n == "compute" for n, *_ in spans):
             return False  # only admissions
         shape = eng.last_step[0] if eng.last_step else None
         args = {"tokens": shape.tokens, "seqs": shape.seqs} if shape else {}
-        timeline.step(eng.last_phases, args, thread)
+        if role.overlap is not None:
+            for name, start, end, thread in spans:
+                timeline.add(name, start, end, args if name == "compute" else None, thread)
+        else:
+            timeline.step(eng.last_phases, args)
         return True
-
-    def send(box: list) -> None:
-        if box:
-            with timeline.span("send", {"n": len(box)}):
-                for i, msg in box:
-                    link.to_frontend(msg, i)
 
     try:
         while True:
-            waited = inflight is None and not role.busy
+            waited = not role.busy
             timeout = max(0.0, next_beat - time.monotonic()) if waited else 0.0
             if ep_rank is not None:
                 timeout = min(timeout, TICK_POLL_S)
             with timeline.span("poll"):
                 msgs, heard = link.poll(timeout)
             ran = False
-            if inflight is not None:
-                fut, launched, before = inflight
-                inflight = None
-                fut.result()  # (the step's exception, if any, ends the worker as before)
-                timeline.add("step", launched, eng.clock(), thread="step")
-                ran = stepped(before, "step")
             now = polled_at = time.monotonic()
             handled = eng.clock()
             for i in heard:
@@ -427,14 +407,14 @@ def run_worker(config: WorkerConfig, loaded=None) -> int:
                 if busy[1] is None and role.busy:
                     busy[1] = eng.clock()
                 if ep_rank.tick(role):
-                    ran = stepped(before, "loop")
-            elif stepper is None and role.busy:
+                    ran = stepped(before)
+            elif role.busy:
                 before = eng.num_steps
                 if busy[1] is None:
                     busy[1] = eng.clock()
                 with timeline.span("step"):
                     role.step()
-                ran = stepped(before, "loop")
+                ran = stepped(before)
             if ran:
                 now = time.monotonic()
                 # The step that empties the worker reports at once: a router reading the last
@@ -467,21 +447,11 @@ def run_worker(config: WorkerConfig, loaded=None) -> int:
             # need its collectives until then.
             idle = not (ep_rank.group_busy if ep_rank is not None else role.busy)
             if drain_until is not None and (idle or now >= drain_until):
-                send(role.take_outbox())
                 log.info("drained; exiting")
                 for i in links:
                     health("exiting", i)
                 return 0
-            box = role.take_outbox()
-            if stepper is not None and role.busy:
-                computing.clear()
-                inflight = (stepper.submit(run_step), eng.clock(), eng.num_steps)
-                if busy[1] is None:
-                    busy[1] = inflight[1]
-                # The step's scheduling is Python work: the sends would hold the GIL it needs.
-                computing.wait(COMPUTE_WAIT_S)
-            send(box)  # the previous step's outputs, while the next one computes
-            if busy[1] is not None and inflight is None and not role.busy:
+            if busy[1] is not None and not role.busy:
                 busy[0] += eng.clock() - busy[1]
                 busy[1] = None
     except GroupLost as e:
@@ -490,11 +460,9 @@ def run_worker(config: WorkerConfig, loaded=None) -> int:
     finally:
         if ep_rank is not None:
             ep_rank.close()
-        if inflight is not None:  # an exception between launch and join: let the step end
+        if role.overlap is not None:  # a step still computing: let it end
             with contextlib.suppress(Exception):
-                inflight[0].result(timeout=60)
-        if stepper is not None:
-            stepper.shutdown(wait=True)
+                role.overlap.close()
         timeline.close()
         link.close()
         role.engine.close()  # the prefix cache's queued store writes land before exit

@@ -18,19 +18,22 @@ import logging
 import time
 from collections import OrderedDict, deque
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 import zmq
 
 from deepring.cache.transfer import CacheState
-from deepring.core.engine import EngineCore
+from deepring.core.engine import EngineCore, StepResult
 from deepring.core.images import PromptImage
 from deepring.image_spans import from_wire, to_wire
 from deepring.ipc.messages import Abort, Handoff, Message, Submit, Tokens
 from deepring.ipc.validate import constraint_problem
 from deepring.sampling.params import TokenLogprob
 from deepring.worker.origins import Origins
+
+if TYPE_CHECKING:
+    from deepring.core.overlap import Overlapped
 
 log = logging.getLogger("deepring.worker")
 
@@ -157,14 +160,21 @@ class Role:
         # The incarnation (Health gen) last heard from each frontend link.
         self.frontend_gens: dict[int, int] = {}
         self.num_links = 1  # how many frontends this worker serves (worker.process sets it)
-        # Outputs waiting to be sent (None: sent at once). The overlapped loop defers them, so
-        # that a step running on the step thread never touches the frontends' sockets, which
-        # the loop thread owns (a ZeroMQ socket is not thread-safe).
-        self.outbox: list[tuple[int, Tokens]] | None = None
+        # The engine stepped one step ahead (core.overlap; worker.process sets it unless
+        # --no-overlap): None steps it sequentially.
+        self.overlap: Overlapped | None = None
 
     @property
     def busy(self) -> bool:
-        return self.engine.has_work
+        return self.engine.has_work or self.computing
+
+    @property
+    def computing(self) -> bool:
+        """Whether a launched step is still computing (its results come with the next step)."""
+        return self.overlap is not None and self.overlap.inflight is not None
+
+    def engine_step(self) -> list[StepResult]:
+        return self.overlap.step() if self.overlap is not None else self.engine.step()
 
     def handle(self, msg: Message, link: int = 0) -> None:
         """A message from frontend `link` (handoffs name their frontend themselves)."""
@@ -196,18 +206,7 @@ class Role:
 
     def _send(self, out: TokensOut) -> None:
         for link, msg in out.messages():
-            if self.outbox is not None:
-                self.outbox.append((link, msg))
-            else:
-                self.link.to_frontend(msg, link)
-
-    def take_outbox(self) -> list[tuple[int, Tokens]]:
-        """The messages deferred so far (an overlapped loop sends them while the next step
-        runs); a fresh outbox collects the next ones."""
-        box = self.outbox or []
-        if self.outbox is not None:
-            self.outbox = []
-        return box
+            self.link.to_frontend(msg, link)
 
     def _reject(self, link: int, rid: int, message: str) -> None:
         """An error for request `rid` of frontend `link`, which this worker does not hold."""
@@ -277,7 +276,7 @@ class PrefillRole(Role):
         self.targets.pop(local, None)
 
     def step(self) -> None:
-        results = self.engine.step()
+        results = self.engine_step()
         out = TokensOut(self.worker_id, self.origins)
         ready = []
         for r in results:
@@ -348,7 +347,7 @@ class DecodeRole(Role):
 
     @property
     def busy(self) -> bool:
-        return self.engine.has_work or bool(self.pending)
+        return self.engine.has_work or self.computing or bool(self.pending)
 
     def handle(self, msg: Message, link: int = 0) -> None:
         if isinstance(msg, Handoff):
@@ -466,10 +465,10 @@ class DecodeRole(Role):
 
     def step(self) -> None:
         self.admit()
-        if not self.engine.has_work:
+        if not (self.engine.has_work or self.computing):
             return
         out = TokensOut(self.worker_id, self.origins)
-        for r in self.engine.step():
+        for r in self.engine_step():
             if r.new_token is None:
                 continue
             req = r.request

@@ -1,10 +1,12 @@
 """A worker's step timeline as a Chrome trace (opens in Perfetto or chrome://tracing).
 
-Each loop iteration that runs a step is a span `iteration`, inside it the ring's work (`poll`,
-`messages`, `send`) and the engine's step split into `schedule` (the scheduler and the batch
-the runner is given), `compute` (the runner: the model's forward and the sampler) and `post`
-(tokens appended, stop conditions, the prefix cache's bookkeeping). What is not `compute` is the
-CPU time around the model, the part an overlapped loop hides.
+The loop thread's spans: the ring's work (`poll`, `messages`) and the role's `step`, inside it
+the engine's: sequentially (`--no-overlap`) `schedule` (the scheduler), `compute` (the runner:
+the model's forward and the sampler) and `post` (tokens appended, stop conditions, the prefix
+cache's bookkeeping); overlapped (core.overlap) `schedule` (the next step, planned while this
+one computes), `wait` (for this one's tokens), `launch` (the next one) and `post`, with each
+step's `compute` on a track of its own. What is not `compute` or `wait` is the CPU time around
+the model, the part the overlapped engine runs while a step computes.
 
 The file is the JSON Array Format: `[` then one event per line, each followed by a comma; a
 worker that dies mid-run leaves a file the viewers still open (the closing `]` is optional).
