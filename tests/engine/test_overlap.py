@@ -204,7 +204,7 @@ def test_constrained_and_thinking_rows_equal_sequential(deepring_cache_dir, monk
     launch = ModelRunner.launch
     checked = []
 
-    def caught_up(self, scheduled):
+    def caught_up(self, scheduled, prepared=None):
         for s in scheduled:
             r = s.request
             if r.grammar is not None:
@@ -212,7 +212,7 @@ def test_constrained_and_thinking_rows_equal_sequential(deepring_cache_dir, monk
                 checked.append(r.rid)
             if r.params.thinking_budget is not None:
                 assert r.thinking_ended == (r.params.think_end_id in r.output_ids)
-        return launch(self, scheduled)
+        return launch(self, scheduled, prepared)
 
     monkeypatch.setattr(GrammarState, "advance", counted)
     monkeypatch.setattr(ModelRunner, "launch", caught_up)
@@ -239,3 +239,24 @@ def test_constrained_and_thinking_rows_equal_sequential(deepring_cache_dir, monk
     assert checked  # (the constrained rows went through launch)
     assert outs[False][0][1] == "stop"  # the grammar ended it
     assert 128822 in outs[False][3][0][:6]  # the budget forced the end of thinking
+
+
+def test_v41_overlapped_equals_sequential(deepring_cache_dir):
+    """V4.1 (`v41-tiny`: Engram reads the tokens before each chunk, the decoder its last KEEP
+    prompt tokens) through LLM(overlap=True): the batch built before the last token is known
+    gets it at launch, and the outputs are the sequential engine's, chunked prompts included."""
+    from deepring import LLM
+
+    prompts = [ids(n, 300 + n) for n in (7, 60, 200, 3)]
+    params = [
+        SamplingParams(temperature=0, max_tokens=12, ignore_eos=True),
+        SamplingParams(temperature=0.9, max_tokens=9, seed=2, ignore_eos=True),
+        SamplingParams(temperature=0, max_tokens=5, ignore_eos=True),
+        SamplingParams(temperature=0.6, max_tokens=14, seed=4, ignore_eos=True, logprobs=1),
+    ]
+    outs = {}
+    for overlap in (False, True):
+        llm = LLM("v41-tiny", max_model_len=512, max_num_seqs=4, num_blocks=64,
+                  max_num_batched_tokens=96, overlap=overlap)  # fmt: skip
+        outs[overlap] = [(o.token_ids, o.finish_reason) for o in llm.generate(prompts, params)]
+    assert outs[True] == outs[False]

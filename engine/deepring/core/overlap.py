@@ -9,10 +9,11 @@ the ring's I/O) would otherwise leave the accelerator idle. `Overlapped.step()` 
 so that only taking the tokens and launching lie between two steps' compute; the worker's
 loop does its own work (messages, sends) after `step()` returns, while n+1 computes.
 
-Planning n+1 before n's tokens are known assumes each of n's requests that samples goes on
-with one more token (`Request.ahead`); its input is the sampled token itself, taken before
-n+1 is launched, so every step computes exactly what the sequential engine computes. What is
-only known a step late:
+Planning n+1 (the schedule, and the runner's batch: `Runner.prepare`) before n's tokens are
+known assumes each of n's requests that samples goes on with one more token (`Request.ahead`);
+the batch holds a placeholder for that token, which `Runner.launch` replaces by the token
+itself once it is taken, so every step computes exactly what the sequential engine computes.
+What is only known a step late:
 - a stop token: the request is reported finished with it (post n), as sequentially; the step
   already computing holds one more row of it, whose token is dropped;
 - an abort that arrives while a step holding the request computes: the request ends at once,
@@ -55,6 +56,7 @@ class _Plan:
     # requests that sample are handed off instead: none goes on, the next step is planned.
     ahead: bool
     goes_on: list[Request]  # the requests that will go on with one more token (ahead)
+    prepared: object  # the runner's `prepare` (its batch), made while the step before computed
 
 
 @dataclass
@@ -86,7 +88,7 @@ class Overlapped:
     @property
     def sequential(self) -> bool:
         eng = self.engine
-        return eng.spec is not None or not hasattr(eng.runner, "launch")
+        return eng.spec is not None or not hasattr(eng.runner, "prepare")
 
     def step(self) -> list[StepResult]:
         """Results of one step: the one computing (then the next is launched before they are
@@ -159,15 +161,13 @@ class Overlapped:
                 ahead = False
             # It samples (its chunk reaches its last token, the one in flight included) and
             # goes on, unless that token is its last: such a request is not planned again.
-            n_out = len(r.output_ids) + r.ahead
-            if r.num_cached + s.num_tokens == r.num_tokens + r.ahead and (
-                n_out + 1 < r.params.max_tokens
-            ):
+            if s.completes and len(r.output_ids) + r.ahead + 1 < r.params.max_tokens:
                 goes_on.append(r)
         if self.hands_off:
             ahead, goes_on = True, []
         shape = StepShape.of((s.num_tokens, s.request.num_cached) for s in scheduled)
-        return _Plan(scheduled, shape, ahead, goes_on if ahead else [])
+        prepared = self.engine.runner.prepare(scheduled)  # type: ignore[attr-defined]
+        return _Plan(scheduled, shape, ahead, goes_on if ahead else [], prepared)
 
     def _launch(self, plan: _Plan, spans: list[Span]) -> _Launched:
         eng = self.engine
@@ -175,7 +175,7 @@ class Overlapped:
         eng.num_steps += 1
         for s in plan.scheduled:
             s.request.in_flight = True
-        wait = eng.runner.launch(plan.scheduled)  # type: ignore[attr-defined]
+        wait = eng.runner.launch(plan.scheduled, plan.prepared)  # type: ignore[attr-defined]
         launched = eng.clock()
         for r in plan.goes_on:
             r.ahead = 1

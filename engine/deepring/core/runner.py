@@ -14,6 +14,7 @@ from typing import Protocol
 import torch
 
 from deepring.cache.pool import KVCachePool
+from deepring.core.request import Request
 from deepring.core.scheduler import Scheduled
 from deepring.model.batch import ForwardBatch, SeqChunk
 from deepring.model.model import DeepseekV4
@@ -29,9 +30,17 @@ class Runner(Protocol):
         every request whose chunk completes its known tokens (None for mid-prompt chunks)."""
         ...
 
-    def launch(self, scheduled: list[Scheduled]) -> Callable[[], list[int | None]]:
-        """step() started: num_cached is advanced when this returns, and the returned function
-        waits for the tokens (core.overlap plans the next step meanwhile)."""
+    def prepare(self, scheduled: list[Scheduled]) -> object:
+        """What launching `scheduled` needs that can be made while the step before computes
+        (its tokens, Request.ahead, are not known yet): core.overlap calls it then."""
+        ...
+
+    def launch(
+        self, scheduled: list[Scheduled], prepared: object = None
+    ) -> Callable[[], list[int | None]]:
+        """step() started (with its `prepare`, or None): num_cached is advanced when this
+        returns, and the returned function waits for the tokens (core.overlap plans the next
+        step meanwhile)."""
         ...
 
 
@@ -43,6 +52,9 @@ class _Prepared:
     completes: list[bool]
     batch: ForwardBatch
     sampling: list[Scheduled]  # the scheduled requests that sample a token
+    # (batch row, request, its chunk) of each input token still being computed when the batch
+    # was built (Request.ahead): launch puts the request's last output token there.
+    pending: list[tuple[int, Request, SeqChunk]]
 
 
 class ModelRunner:
@@ -67,31 +79,55 @@ class ModelRunner:
     def step(self, scheduled: list[Scheduled]) -> list[int | None]:
         """Feed each request its chunk; returns the sampled token of every request whose chunk
         completes its known tokens (None for mid-prompt chunks)."""
-        prepared = self._prepare(scheduled)
+        prepared = self.prepare(scheduled)
+        self._advance(scheduled)
         return self._complete(prepared, self._compute(prepared))
 
-    def launch(self, scheduled: list[Scheduled]) -> Callable[[], list[int | None]]:
+    def launch(
+        self, scheduled: list[Scheduled], prepared: _Prepared | None = None
+    ) -> Callable[[], list[int | None]]:
         """step(), with the forward and the sampler on the compute thread: returns at once (the
         batch built, num_cached advanced) with a function that waits for the tokens. Until
-        then the caller changes none of the requests' output, grammar or images."""
-        prepared = self._prepare(scheduled)
+        then the caller changes none of the requests' output, grammar or images. prepared:
+        this step's `prepare`, made while the step before computed."""
+        p = prepared if prepared is not None else self.prepare(scheduled)
+        if p.pending:
+            # The tokens the step before computed (appended since prepare): the rows' inputs,
+            # in the batch and in its chunks (a model may read them there: V4.1's Engram).
+            ids = []
+            for _, r, chunk in p.pending:
+                tok = r.output_ids[-1]
+                chunk.token_ids[-1] = tok
+                ids.append(tok)
+            rows = torch.tensor([row for row, _, _ in p.pending])
+            p.batch.input_ids[rows.to(p.batch.input_ids.device)] = torch.tensor(ids).to(
+                p.batch.input_ids.device
+            )
+        self._advance(scheduled)
         if self._compute_thread is None:
             self._compute_thread = ThreadPoolExecutor(1, thread_name_prefix="compute")
-        fut = self._compute_thread.submit(self._compute, prepared)
-        return lambda: self._complete(prepared, fut.result())
+        fut = self._compute_thread.submit(self._compute, p)
+        return lambda: self._complete(p, fut.result())
 
-    def _prepare(self, scheduled: list[Scheduled]) -> _Prepared:
-        """The step's batch, from the requests as they are; then their num_cached counts the
-        rows it writes (what the next step is planned from)."""
+    def prepare(self, scheduled: list[Scheduled]) -> _Prepared:
+        """The step's batch, from the requests as they are. A request whose last token a
+        computing step will add (Request.ahead) feeds a placeholder, which `launch` fills in:
+        the batch is built while that step computes (core.overlap)."""
         completes = [s.completes for s in scheduled]
-        chunks = []
+        chunks, pending = [], []
+        row = 0
         for s in scheduled:
             r = s.request
             if r.slot is None:
                 raise ValueError(f"request {r.rid} has no state slot")
+            end = r.num_cached + s.num_tokens
+            ids = r.tokens(r.num_cached, end - r.ahead)
+            if r.ahead:
+                ids.append(0)
+            row += s.num_tokens
             chunks.append(
                 SeqChunk(
-                    token_ids=r.tokens(r.num_cached, r.num_cached + s.num_tokens),
+                    token_ids=ids,
                     start=r.num_cached,
                     slot=r.slot,
                     block_ids=r.blocks,
@@ -110,14 +146,21 @@ class ModelRunner:
                     decoder_from=max(0, len(r.prompt_ids) - self.keep) if self.keep else 0,
                 )
             )
+            if r.ahead:
+                pending.append((row - 1, r, chunks[-1]))
         self._image_rows(scheduled, chunks)
         batch = ForwardBatch.build(
             chunks, self.model.rope_tables(), self.block_size, self.model.device
         )
+        sampling = [s for s, c in zip(scheduled, completes, strict=True) if c]
+        return _Prepared(scheduled, completes, batch, sampling, pending)
+
+    @staticmethod
+    def _advance(scheduled: list[Scheduled]) -> None:
+        """Each request's num_cached counts the rows the step writes (what the step after is
+        planned from)."""
         for s in scheduled:
             s.request.num_cached += s.num_tokens
-        sampling = [s for s, c in zip(scheduled, completes, strict=True) if c]
-        return _Prepared(scheduled, completes, batch, sampling)
 
     def _compute(self, p: _Prepared) -> list[int]:
         """The forward and the sampled tokens of the rows that sample."""

@@ -48,9 +48,10 @@ class Scheduled:
 
     @property
     def completes(self) -> bool:
-        """Whether this chunk reaches the request's last known token (so it samples)."""
+        """Whether this chunk reaches the request's last token (so it samples): its last known
+        one, or the one a computing step will add (Request.ahead; core.overlap)."""
         r = self.request
-        return r.num_cached + self.num_tokens - self.num_drafts == r.num_tokens
+        return r.num_cached + self.num_tokens - self.num_drafts == r.num_tokens + r.ahead
 
 
 class Scheduler:

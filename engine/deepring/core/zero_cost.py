@@ -50,12 +50,18 @@ class ZeroCostRunner:
     def step(self, scheduled: list[Scheduled]) -> list[int | None]:
         return self.launch(scheduled)()
 
-    def launch(self, scheduled: list[Scheduled]) -> Callable[[], list[int | None]]:
+    def prepare(self, scheduled: list[Scheduled]) -> list[bool]:
+        """Which chunks sample (core.overlap asks while the step before computes)."""
+        return [s.completes for s in scheduled]
+
+    def launch(
+        self, scheduled: list[Scheduled], prepared: list[bool] | None = None
+    ) -> Callable[[], list[int | None]]:
         """step() started (num_cached advanced): the returned function waits for the tokens.
         A paced step is a device computing for step_seconds from now, whatever the host does
         meanwhile: the wait makes the tokens (the device's sampler), then sleeps out the rest
         of the step (no thread: a handover of the GIL costs more than the work it hides)."""
-        completes = [s.completes for s in scheduled]
+        completes = prepared if prepared is not None else self.prepare(scheduled)
         for s in scheduled:
             s.request.num_cached += s.num_tokens
         done_at = time.perf_counter() + self.step_seconds
