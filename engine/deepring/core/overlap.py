@@ -78,7 +78,8 @@ class Overlapped:
         self.hands_off = hands_off
         self.inflight: _Launched | None = None
         # The last step() call's timeline: schedule / wait / launch / post on the loop
-        # thread, and the compute of the step that completed on the "compute" track.
+        # thread, and the compute of the step that completed on the "compute" track (empty
+        # when it stepped sequentially).
         self.spans: list[Span] = []
 
     @property
@@ -98,12 +99,7 @@ class Overlapped:
         spans: list[Span] = []
         self.spans = spans
         if self.sequential and self.inflight is None:
-            results = eng.step()
-            if eng.last_phases is not None and results:
-                t0, t1, t2, t3 = eng.last_phases
-                spans += [("schedule", t0, t1, "loop"), ("compute", t1, t2, "loop"),
-                          ("post", t2, t3, "loop")]  # fmt: skip
-            return results
+            return eng.step()  # (no spans: EngineCore.last_phases has the step's)
         cur = self.inflight
         if cur is None:
             t = clock()

@@ -15,7 +15,7 @@ import torch
 
 from deepring.cache.pool import KVCachePool
 from deepring.core.request import Request
-from deepring.core.scheduler import Scheduled
+from deepring.core.scheduler import Scheduled, advance
 from deepring.model.batch import ForwardBatch, SeqChunk
 from deepring.model.model import DeepseekV4
 from deepring.sampling.sampler import Sampler
@@ -80,7 +80,7 @@ class ModelRunner:
         """Feed each request its chunk; returns the sampled token of every request whose chunk
         completes its known tokens (None for mid-prompt chunks)."""
         prepared = self.prepare(scheduled)
-        self._advance(scheduled)
+        advance(scheduled)
         return self._complete(prepared, self._compute(prepared))
 
     def launch(
@@ -103,7 +103,7 @@ class ModelRunner:
             p.batch.input_ids[rows.to(p.batch.input_ids.device)] = torch.tensor(ids).to(
                 p.batch.input_ids.device
             )
-        self._advance(scheduled)
+        advance(scheduled)
         if self._compute_thread is None:
             self._compute_thread = ThreadPoolExecutor(1, thread_name_prefix="compute")
         fut = self._compute_thread.submit(self._compute, p)
@@ -154,13 +154,6 @@ class ModelRunner:
         )
         sampling = [s for s, c in zip(scheduled, completes, strict=True) if c]
         return _Prepared(scheduled, completes, batch, sampling, pending)
-
-    @staticmethod
-    def _advance(scheduled: list[Scheduled]) -> None:
-        """Each request's num_cached counts the rows the step writes (what the step after is
-        planned from)."""
-        for s in scheduled:
-            s.request.num_cached += s.num_tokens
 
     def _compute(self, p: _Prepared) -> list[int]:
         """The forward and the sampled tokens of the rows that sample."""

@@ -54,6 +54,13 @@ class Scheduled:
         return r.num_cached + self.num_tokens - self.num_drafts == r.num_tokens + r.ahead
 
 
+def advance(scheduled: list[Scheduled]) -> None:
+    """Each request's num_cached counts the rows its chunk writes (a runner calls this as it
+    launches the step: the step after is planned from there)."""
+    for s in scheduled:
+        s.request.num_cached += s.num_tokens
+
+
 class Scheduler:
     def __init__(
         self,

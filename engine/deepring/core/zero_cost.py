@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from deepring.core.scheduler import Scheduled
+from deepring.core.scheduler import Scheduled, advance
 
 _TEXT = (
     "The quick brown fox jumps over the lazy dog while the serving stack streams every token "
@@ -62,8 +62,7 @@ class ZeroCostRunner:
         meanwhile: the wait makes the tokens (the device's sampler), then sleeps out the rest
         of the step (no thread: a handover of the GIL costs more than the work it hides)."""
         completes = prepared if prepared is not None else self.prepare(scheduled)
-        for s in scheduled:
-            s.request.num_cached += s.num_tokens
+        advance(scheduled)
         done_at = time.perf_counter() + self.step_seconds
 
         def wait() -> list[int | None]:

@@ -355,10 +355,9 @@ def run_worker(config: WorkerConfig, loaded=None) -> int:
             return False  # only admissions
         shape = eng.last_step[0] if eng.last_step else None
         args = {"tokens": shape.tokens, "seqs": shape.seqs} if shape else {}
-        if role.overlap is not None:
-            for name, start, end, thread in spans:
-                timeline.add(name, start, end, args if name == "compute" else None, thread)
-        else:
+        for name, start, end, thread in spans:
+            timeline.add(name, start, end, args if name == "compute" else None, thread)
+        if not spans:  # stepped sequentially
             timeline.step(eng.last_phases, args)
         return True
 

@@ -44,7 +44,7 @@ class Timeline:
         self.max_events = max_events
         self.events = 0
         self._pid = os.getpid()
-        self._tids: dict[str, int] = {}  # trace thread per name: "loop", "step" (overlapped)
+        self._tids: dict[str, int] = {}  # trace thread per name: "loop", "compute" (overlapped)
         self._t0 = clock()
         self._flushed_at = self._t0
         self._file: IO[str] | None = None
@@ -114,16 +114,15 @@ class Timeline:
         finally:
             self.add(name, start, self.clock(), args)
 
-    def step(
-        self, phases: tuple[float, float, float, float] | None, args: dict, thread: str = "loop"
-    ) -> None:
-        """The engine's last step (EngineCore.last_phases) as schedule / compute / post."""
+    def step(self, phases: tuple[float, float, float, float] | None, args: dict) -> None:
+        """The engine's last sequential step (EngineCore.last_phases) as schedule / compute /
+        post on the loop thread."""
         if self._file is None or phases is None:
             return
         t0, t1, t2, t3 = phases
-        self.add("schedule", t0, t1, thread=thread)
-        self.add("compute", t1, t2, args, thread=thread)
-        self.add("post", t2, t3, thread=thread)
+        self.add("schedule", t0, t1)
+        self.add("compute", t1, t2, args)
+        self.add("post", t2, t3)
 
     def close(self) -> None:
         f = self._file
