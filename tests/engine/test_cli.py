@@ -100,8 +100,8 @@ def test_unknown_subcommand_is_rejected(capsys):
         (["serve", "--ep", "2", "--reserve-workers", "1"], "--reserve-workers does not take"),
         (["serve", "--ep", "2", "--model", "v41-tiny"], "runs DeepSeek V4 MoE models"),
         (
-            ["serve", "--model", "v41-tiny", "--speculative", "dspark"],
-            "speculative decoding does not run V4.1 models yet",
+            ["serve", "--model", "v41-tiny", "--speculative", "mtp"],
+            "model 'v41-tiny' has a DSpark drafter in their place",
         ),
         (
             ["serve", "--image-url-allow-private"],

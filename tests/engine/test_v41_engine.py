@@ -195,10 +195,3 @@ def test_a_resumed_request_continues_exactly(budget):
     full = run([])
     for cut in (1, 17, 33):
         assert run(full[:cut]) == full, cut
-
-
-def test_speculative_decoding_is_refused_clearly():
-    """DSpark drafting on V4.1 is not built: a clear error, not an AttributeError mid-build."""
-    for mode in ("dspark", "fixed:2", "mtp"):
-        with pytest.raises(ValueError, match=r"speculative decoding does not run V4\.1 models yet"):
-            LLM("v41-tiny", max_model_len=512, speculative=mode)

@@ -13,7 +13,10 @@ directory (never vendored into the repository):
   the per-layer hash multipliers;
 - `tilelang_ops/compress.py::compress_and_update_state_prefill_ref`: the C2 pooling of aligned
   token pairs and the compressor state ring, in-tree torch reference of the GPU kernel;
-- `tilelang_ops/candidate_blocks.py::candidate_block_max_ref`: the candidate block scores.
+- `tilelang_ops/candidate_blocks.py::candidate_block_max_ref`: the candidate block scores;
+- `tilelang_ops/dflash.py::dflash_input_store_ref` (DSpark's taps: the mean over the streams)
+  and `confidence_head_fused_ref` (the confidence), `tilelang_ops/get_kv_index.py::
+  get_fused_dflash_get_input_ref` (a draft block's positions and the window it reads).
 
 Only the light package `deepinfer` (AttrDict, a logger) and the GPU-only imports those files
 make at module level (tilelang, tile_kernels, the kernel op registry) are stubbed; the functions
@@ -182,7 +185,14 @@ def deepinfer() -> types.SimpleNamespace:
         "deepinfer.model_executor.layers.tilelang_ops.candidate_blocks",
         f"{ops}/candidate_blocks.py",
     )
+    dflash = _load(root, "deepinfer.model_executor.layers.tilelang_ops.dflash", f"{ops}/dflash.py")
+    kv_index = _load(
+        root, "deepinfer.model_executor.layers.tilelang_ops.get_kv_index", f"{ops}/get_kv_index.py"
+    )
     return types.SimpleNamespace(
+        dflash_input_store_ref=dflash.dflash_input_store_ref,
+        confidence_head_fused_ref=dflash.confidence_head_fused_ref,
+        fused_dflash_get_input_ref=kv_index.get_fused_dflash_get_input_ref,
         AttrDict=sys.modules["deepinfer"].AttrDict,
         load_hf_model_config=config.load_hf_model_config,
         SharedLayerTopology=cross.SharedLayerTopology,

@@ -79,6 +79,11 @@ class ReferenceV41:
         self.inv_comp = _inv_freq(rd, t["compress_rope_theta"], t.get("rope_scaling"))
         self.engram_tables = engram_tables or {}
         self.engram_lookup = engram_lookup
+        # DSpark taps (v41_dspark_reference): layers whose attention-input streams `logits`
+        # keeps, reduced by `tap_mean` ([T, hc, D] -> [T, D]), in `tapped`.
+        self.tap_layers: tuple[int, ...] = ()
+        self.tap_mean = lambda R: R.mean(1)
+        self.tapped: dict[int, torch.Tensor] = {}
 
     # ---- sharing maps (the nearest source at or before a layer) ------------------------------
 
@@ -307,6 +312,8 @@ class ReferenceV41:
             lp = f"layers.{layer}"
             if layer in engram_layers:
                 R = self._engram(layer, R, tokens, image)
+            if layer in self.tap_layers:
+                self.tapped[layer] = self.tap_mean(R)
             for part in ("attn", "ffn"):
                 nxt, post, comb = self._mixes(f"{lp}.hc_{part}", R)
                 xin = _rms((pre[..., None] * R).sum(1), w[f"{lp}.{part}_norm.weight"], self.eps)

@@ -31,7 +31,6 @@ from deepring.kernels.greedy_head import GreedyArgmax, packed_linear
 from deepring.model.batch import ForwardBatch, SeqChunk
 from deepring.model.config import ModelConfig
 from deepring.model.model import DeepseekV4, StepOutput
-from deepring.model.v41.config import MODEL_TYPE as V41_MODEL_TYPE
 from deepring.spec.calibrate import apply_temperatures, cumulative, fit_temperatures
 
 # Requests x drafts up to which a block's logits come from one bf16 GEMM (else the greedy head
@@ -147,8 +146,18 @@ class DSparkContext:
             slots.extend([r.slot] * n)
         dev = out.taps.device
         p = torch.tensor(pos, device=dev)
-        kvs = self.drafter.context_kv(out.taps[torch.tensor(rows, device=dev)], p)
+        rows_t = torch.tensor(rows, device=dev)
         slot_t = torch.tensor(slots, device=dev)
+        if out.tapped is not None:
+            # V4.1 decoder targets: a prompt's rows before decoder_from have no taps (they lie
+            # more than KEEP >= window + backtrack before its end: no block ever sees them).
+            have = out.tapped[rows_t]
+            rows_t, p, slot_t = rows_t[have], p[have], slot_t[have]
+            for r, start, n, off in fed:
+                if r.draft_from == start:  # (its context starts at its first tapped row)
+                    first = out.tapped[off : off + n].nonzero()
+                    r.draft_from = start + (int(first[0]) if len(first) else n)
+        kvs = self.drafter.context_kv(out.taps[rows_t], p)
         for ring, kv in zip(self.rings, kvs, strict=True):
             n = ring.shape[1]
             ring.view(-1, ring.shape[-1])[slot_t * n + p % n] = kv.to(ring.dtype)
@@ -168,8 +177,8 @@ class DSparkContext:
         q = before - torch.remainder(before - i, n)
         valid = (q >= anchor_pos[:, None] - self.window) & (q >= first[:, None]) & (q >= 0)
         ctx = [ring[slots] for ring in self.rings]
-        h = self.drafter.block_from_context(
-            ctx, valid, anchor_ids, anchor_pos, self.model.model.embed_tokens
+        h, h_conf = self.drafter.draft_block(
+            ctx, valid, anchor_ids, anchor_pos, self.model.embed_tokens
         )
         embed = self.drafter.last.markov_head.embed
         prev, prevs, toks = anchor_ids, [], []
@@ -187,7 +196,7 @@ class DSparkContext:
             if self._vocab is not None:
                 prev = self._vocab[prev]
             toks.append(prev)
-        conf = self.drafter.confidence_logits(h[:, : self.length], torch.stack(prevs, -1))
+        conf = self.drafter.confidence_logits(h_conf[:, : self.length], torch.stack(prevs, -1))
         drafts = torch.stack(toks, -1).tolist()
         self._conf = dict(zip((id(r) for r in reqs), conf.tolist(), strict=True))
         survival = cumulative(apply_temperatures(conf.float(), self.calibration.temps))
@@ -254,12 +263,6 @@ def drafter_problem(mode: SpecMode, config: ModelConfig, name: str) -> str | Non
     """Why model `name` (its config) cannot run speculative `mode` (None: it can): checked
     at start-up, before any weights load."""
     ds = config.dspark
-    if mode.on and config.model_type == V41_MODEL_TYPE:
-        return (
-            f"--speculative {mode}: speculative decoding does not run V4.1 models yet (model "
-            f"{name!r}'s DSpark drafter loads, drafting with it is not built); serve it without "
-            "--speculative"
-        )
     if mode.kind == "mtp" and (ds is not None or config.num_nextn_predict_layers < 1):
         return f"--speculative mtp needs MTP layers; model {name!r} has " + (
             "a DSpark drafter in their place (use dspark or fixed:N)" if ds else "none"

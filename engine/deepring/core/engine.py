@@ -174,8 +174,6 @@ class EngineCore:
             raise ValueError("a prompt needs at least one token")
         vocab = self.vocab_size
         if images:
-            if self.spec is not None:
-                raise ValueError("images with speculative decoding are not supported yet")
             vision = getattr(getattr(self.runner, "model", None), "vision_config", None)
             return check_images(token_ids, images, vision, vocab)
         # A pass in C: the listing below is only built for a prompt that fails.

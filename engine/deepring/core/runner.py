@@ -118,42 +118,42 @@ class ModelRunner:
         row = 0
         for s in scheduled:
             r = s.request
-            if r.slot is None:
-                raise ValueError(f"request {r.rid} has no state slot")
             end = r.num_cached + s.num_tokens
             ids = r.tokens(r.num_cached, end - r.ahead)
             if r.ahead:
                 ids.append(0)
             row += s.num_tokens
-            chunks.append(
-                SeqChunk(
-                    token_ids=ids,
-                    start=r.num_cached,
-                    slot=r.slot,
-                    block_ids=r.blocks,
-                    logits="last" if s.completes else "none",
-                    # A replayed window matters until one window past its floor.
-                    window_floor=r.window_floor
-                    if r.num_cached < r.window_floor + self.window - 1
-                    else 0,
-                    compress_from=r.compress_from,
-                    context=r.tokens(max(0, r.num_cached - self.context), r.num_cached)
-                    if self.context
-                    else [],
-                    # The prompt's last KEEP tokens, also when a resumed or recomputed
-                    # request prefills its output too: the decoder's windows then start where
-                    # the first prefill started them, and the output continues exactly.
-                    decoder_from=max(0, len(r.prompt_ids) - self.keep) if self.keep else 0,
-                )
-            )
+            chunks.append(self.chunk(r, ids, "last" if s.completes else "none"))
             if r.ahead:
                 pending.append((row - 1, r, chunks[-1]))
-        self._image_rows(scheduled, chunks)
+        self.image_rows(scheduled, chunks)
         batch = ForwardBatch.build(
             chunks, self.model.rope_tables(), self.block_size, self.model.device
         )
         sampling = [s for s, c in zip(scheduled, completes, strict=True) if c]
         return _Prepared(scheduled, completes, batch, sampling, pending)
+
+    def chunk(self, r: Request, ids: list[int], logits: str) -> SeqChunk:
+        """Request r's chunk of this step: `ids` from its num_cached on."""
+        if r.slot is None:
+            raise ValueError(f"request {r.rid} has no state slot")
+        return SeqChunk(
+            token_ids=ids,
+            start=r.num_cached,
+            slot=r.slot,
+            block_ids=r.blocks,
+            logits=logits,
+            # A replayed window matters until one window past its floor.
+            window_floor=r.window_floor if r.num_cached < r.window_floor + self.window - 1 else 0,
+            compress_from=r.compress_from,
+            context=r.tokens(max(0, r.num_cached - self.context), r.num_cached)
+            if self.context
+            else [],
+            # The prompt's last KEEP tokens, also when a resumed or recomputed request
+            # prefills its output too: the decoder's windows then start where the first
+            # prefill started them, and the output continues exactly.
+            decoder_from=max(0, len(r.prompt_ids) - self.keep) if self.keep else 0,
+        )
 
     def _compute(self, p: _Prepared) -> list[int]:
         """The forward and the sampled tokens of the rows that sample."""
@@ -186,14 +186,11 @@ class ModelRunner:
         out: list[int | None] = []
         it = iter(tokens)
         for s, c in zip(p.scheduled, p.completes, strict=True):
-            r = s.request
-            if r.image_embeds:  # dropped once prefilled past (a recompute runs the tower again)
-                for k in [k for k in r.image_embeds if r.image_spans[k][1] <= r.num_cached]:
-                    del r.image_embeds[k]
+            drop_prefilled_images(s.request)
             out.append(next(it) if c else None)
         return out
 
-    def _image_rows(self, scheduled, chunks: list[SeqChunk]) -> None:
+    def image_rows(self, scheduled, chunks: list[SeqChunk]) -> None:
         """Give each chunk the embeddings of the image span rows it holds (SeqChunk.embeds),
         running the vision tower once over every image this step reaches first."""
         hits = []  # (request, chunk, image index, span, chunk rows) of each span a chunk holds
@@ -285,3 +282,11 @@ def cpu_setup(threads: int | None) -> None:
     torch.set_flush_denormal(True)
     if threads is not None:
         torch.set_num_threads(threads)
+
+
+def drop_prefilled_images(r: Request) -> None:
+    """The vision tower's embeddings of the images r has prefilled past (a recompute runs
+    the tower again)."""
+    if r.image_embeds:
+        for k in [k for k in r.image_embeds if r.image_spans[k][1] <= r.num_cached]:
+            del r.image_embeds[k]

@@ -31,7 +31,7 @@ import torch
 
 from deepring.cache.allocator import BlockAllocator, SlotAllocator
 from deepring.core.request import Request
-from deepring.core.runner import ModelRunner
+from deepring.core.runner import ModelRunner, drop_prefilled_images
 from deepring.core.scheduler import Scheduled
 from deepring.core.spec_rollback import Span, StepRollback
 from deepring.cost.model import StepCost
@@ -116,8 +116,11 @@ class SpecRunner:
 
         def step(tokens: int) -> None:  # 1: one request; n: n requests; n * per: n blocks
             reqs, each = (1, 1) if tokens == 1 else (n, tokens // n)
+            context = [PROFILE_TOKEN] * self.runner.context  # (V4.1's Engram reads them)
             chunks = [
-                SeqChunk([PROFILE_TOKEN] * each, PROFILE_AT, slot, blk, logits="all")
+                SeqChunk(
+                    [PROFILE_TOKEN] * each, PROFILE_AT, slot, blk, logits="all", context=context
+                )
                 for slot, blk in taken[:reqs]
             ]
             batch = ForwardBatch.build(chunks, rope, self.runner.block_size, dev)
@@ -204,31 +207,19 @@ class SpecRunner:
         offset = 0
         for s in scheduled:
             r = s.request
-            if r.slot is None:
-                raise ValueError(f"request {r.rid} has no state slot")
             known = s.num_tokens - s.num_drafts
             ids = r.tokens(r.num_cached, r.num_cached + known) + r.drafts[: s.num_drafts]
+            logits = "all" if s.num_drafts else ("last" if s.completes else "none")
+            chunks.append(run.chunk(r, ids, logits))
             if s.num_drafts:
                 span_of.append(len(spans))
                 spans.append(Span(r.slot, list(r.blocks), r.num_cached, len(ids), offset))
             else:
                 span_of.append(-1)
-            chunks.append(
-                SeqChunk(
-                    token_ids=ids,
-                    start=r.num_cached,
-                    slot=r.slot,
-                    block_ids=r.blocks,
-                    logits="all" if s.num_drafts else ("last" if s.completes else "none"),
-                    window_floor=r.window_floor
-                    if r.num_cached < r.window_floor + run.window - 1
-                    else 0,
-                    compress_from=r.compress_from,
-                )
-            )
             offsets.append(offset)
             starts.append(r.num_cached)
             offset += len(ids)
+        run.image_rows(scheduled, chunks)
         batch = ForwardBatch.build(
             chunks, self.model.rope_tables(), run.block_size, self.model.device
         )
@@ -319,6 +310,7 @@ class SpecRunner:
                 r.num_cached += keep
             else:
                 r.num_cached += s.num_tokens
+            drop_prefilled_images(r)
         p.rollback.restore(accepted, p.batch.capture)
         p.batch.capture = None
 

@@ -230,6 +230,12 @@ class DSparkDrafter(nn.ModuleList):
         last = self.last
         return last.norm(last.hc_head(h)).view(b, g, -1)
 
+    def draft_block(self, ctx_kv, ctx_valid, anchor_ids, anchor_pos, embed):
+        """block_from_context as the engine's drafter reads it: (the heads' input, the
+        confidence head's input), one tensor here (V4.1's differ: model.v41.dspark)."""
+        h = self.block_from_context(ctx_kv, ctx_valid, anchor_ids, anchor_pos, embed)
+        return h, h
+
     def markov_bias(self, prev_ids: torch.Tensor, rows: torch.Tensor | None = None):
         return self.last.markov_head.bias(prev_ids, rows)
 

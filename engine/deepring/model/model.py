@@ -55,9 +55,11 @@ class StepOutput:
     # [R, hc, D] the logits rows' final streams, with greedy (`DeepseekV4.logits` of a few of
     # them is what a constrained row whose argmax the grammar refuses needs)
     last: torch.Tensor | None = None
-    # [T, n_taps, D] the mean of the streams after each asked-for layer (a DSpark drafter's
-    # context), when requested
+    # [T, n_taps, D] the mean of the streams at each asked-for layer (a DSpark drafter's
+    # context: V4 after the layer, V4.1 at its attention input), when requested
     taps: torch.Tensor | None = None
+    # [T] bool: the rows `taps` holds (None: every row; V4.1's decoder skips some)
+    tapped: torch.Tensor | None = None
     # With greedy, where the low-precision greedy head ran: its approximate logits, which
     # settle rows whose argmax a grammar refuses again under its mask or its matcher
     # (kernels.greedy_head.MaskedGreedy)
@@ -91,6 +93,10 @@ class DeepseekV4(nn.Module):
     @property
     def dtype(self) -> torch.dtype:
         return self.lm_head.weight.dtype
+
+    @property
+    def embed_tokens(self) -> nn.Embedding:
+        return self.model.embed_tokens
 
     @property
     def device(self) -> torch.device:

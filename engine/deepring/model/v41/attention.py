@@ -45,6 +45,13 @@ class StepShare:
     entries: dict[tuple[int, int], list[tuple[torch.Tensor, torch.Tensor]]] = field(
         default_factory=dict
     )
+    # DSpark targets whose taps the step returns (None: none), and the taps taken so far:
+    # layer -> [rows, D] in the numbering of the rows that layer ran on.
+    taps: tuple[int, ...] | None = None
+    tapped: dict[int, torch.Tensor] = field(default_factory=dict)
+    # The rows the layers run on, in the step's numbering (None: every row; the decoder's
+    # bounded replay leaves some out).
+    rows: torch.Tensor | None = None
 
 
 def visible_entries(positions: torch.Tensor, ratio: int) -> torch.Tensor:
@@ -97,8 +104,8 @@ def pool_windows(
 
     Windows are aligned groups of `ratio` tokens (C2: entry w pools positions 2w and 2w + 1 by
     a per-channel softmax of their gate rows; C1: entry w is row w). Rows of a window that
-    began in an earlier step come from the request's tail (`tail_*[slot, pos % ratio]`); rows
-    past the last complete window are written there for the next step. Per request: pooled
+    began in an earlier step come from the request's tail (`tail_*[slot, pos % ratio]`), where
+    each step leaves its last rows. Per request: pooled
     [E, width] and positions [E].
 
     froms: per request, the first position whose entries are not cached yet (a prefix hit
@@ -120,8 +127,11 @@ def pool_windows(
             sc = torch.where(in_chunk, score[idx], tail_gate[slot][rows % ratio].to(score.dtype))
             weights = torch.softmax(sc.float(), dim=1).to(lat.dtype)
             ents.append((lat * weights).sum(1))
-            last = max((start + n) // ratio * ratio, cfrom)
-            for p in range(last, start + n):  # the incomplete window
+            # The tail keeps the chunk's last `ratio` rows (a ring, as V4's compressor tails):
+            # the incomplete window's are among them, the others are never read, and the
+            # contents then depend on the positions fed, not on how they were chunked (a
+            # speculative rollback rewrites exactly these: core.spec_rollback).
+            for p in range(max(start, start + n - ratio), start + n):
                 tail_kv[slot, p % ratio] = latent[off + p - start].to(tail_kv.dtype)
                 tail_gate[slot, p % ratio] = score[off + p - start].to(tail_gate.dtype)
         firsts.append(ws * ratio)
@@ -181,9 +191,7 @@ class V41Attention(nn.Module):
     ) -> torch.Tensor:
         c = self.config
         cos, sin = batch.cos_sin(self.rope_kind)
-        q_lora = self.q_norm(self.wq_a(x))
-        q = apply_rope_torch(self.wq_b(q_lora).view(-1, self.heads, self.hd), cos, sin)
-        kv = apply_rope_torch(self.kv_norm(self.wkv(x)), cos, sin)
+        q_lora, q, kv = self.project(x, cos, sin)
         topk = None
         if self.mode == FULL and self.layer < c.boundary:
             # (Decoder sources were written at the boundary, from the last encoder layer's
@@ -193,7 +201,21 @@ class V41Attention(nn.Module):
             topk = share.topk[self.layer] = self._select(q_lora, x, batch, share)
         elif self.mode != WINDOW:
             topk = share.topk[c.index_source(self.layer)]
-        out = self._attend(q, kv, topk, batch, cache, share)
+        return self.output(self._attend(q, kv, topk, batch, cache, share), cos, sin)
+
+    def project(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+        """The rows' query latent, queries [T, heads, hd] and window keys (K = V) [T, hd],
+        rotated at their positions (cos, sin)."""
+        q_lora = self.q_norm(self.wq_a(x))
+        q = apply_rope_torch(self.wq_b(q_lora).view(-1, self.heads, self.hd), cos, sin)
+        return q_lora, q, self.window_keys(x, cos, sin)
+
+    def window_keys(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        return apply_rope_torch(self.kv_norm(self.wkv(x)), cos, sin)
+
+    def output(self, out: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """Attention outputs [T, heads, hd] rotated back at their positions (K = V carried
+        RoPE), through the grouped low-rank projection: [T, hidden]."""
         out = apply_rope_torch(out, cos, sin, inverse=True)
         mixed = grouped_linear(out.reshape(out.shape[0], self.groups, -1), self.wo_a)
         return self.wo_b(mixed.reshape(out.shape[0], -1))
@@ -208,6 +230,9 @@ class V41Attention(nn.Module):
         comp, r, lay = self.compressor, self.ratio, batch.layout
         latent = comp.wkv(x)
         score = comp.wgate(x) if comp.wgate is not None else None
+        if batch.capture is not None and cache.tail_kv is not None:
+            # A verify step's projections: rollback rewrites accepted rows of the tail.
+            batch.capture.append((cache.tail_kv, cache.tail_gate, latent, score))
         epb = batch.block_size // r
         ents, pos_list = pool_windows(
             latent, score, lay.offsets, lay.lens, lay.starts, lay.slots.tolist(),

@@ -157,7 +157,12 @@ class V41Config:
             need(len(e.vocab_sizes) == e.max_ngram_size - 1, "one engram vocab size per order")
             need(all(0 <= i < b for i in e.layer_ids), "engram layers must be encoder layers")
         if self.dspark is not None:
-            need(all(0 <= i < n for i in self.dspark.target_layer_ids), "dspark targets")
+            t = self.dspark.target_layer_ids
+            need(bool(t) and all(0 <= i < n for i in t), "dspark targets")
+            # (DeepInfer's constraint: a decoder target's taps exist only for the decoder's
+            # rows, an encoder target's for every row; mixed, they would not line up.)
+            need(len({i >= self.boundary for i in t}) == 1,
+                 "dspark targets must all be encoder layers or all decoder layers")  # fmt: skip
 
     # ---- derived ---------------------------------------------------------------------------
 
@@ -207,9 +212,9 @@ class V41Config:
 
     def cache_layout(self, dtype: torch.dtype, fp4: bool | None = None) -> CacheLayout:
         """Per backbone layer: a sliding-window ring; KV sources also their paged main KV and
-        indexer keys (and, at ratio 2, the compressor's tail). DSpark stages hold no cache here:
-        the engine loads their tensors but does not draft yet. fp4: main KV and indexer keys
-        stored FP4 (None: as DEEPRING_V41_KV_CACHE says)."""
+        indexer keys (and, at ratio 2, the compressor's tail). Then one window ring per DSpark
+        stage (its context K=V rows: core.drafters.DSparkContext). fp4: main KV and indexer
+        keys stored FP4 (None: as DEEPRING_V41_KV_CACHE says)."""
         if fp4 is None:
             from deepring import env
 
@@ -222,6 +227,8 @@ class V41Config:
                 )
             else:
                 layers.append(LayerLayout(CACHE_SLIDING, 0, self.head_dim))
+        stages = self.dspark.num_stages if self.dspark is not None else 0
+        layers += [LayerLayout(CACHE_SLIDING, 0, self.head_dim)] * stages
         return CacheLayout(layers=tuple(layers), window=self.sliding_window, dtype=dtype)
 
     def global_kv_bytes_per_token(self, fp4: bool = True, elem_bytes: int = 2) -> float:

@@ -133,9 +133,18 @@ class V41Block(nn.Module):
         img = batch.image_mask  # image rows: no Engram, the image routing bias
         if self.engram is not None:
             h = self.engram(h, ngram_ids, img)
+        if share.taps is not None and self.layer in share.taps:
+            # A DSpark target: the mean of the streams at the attention's input (DeepInfer's
+            # dflash_input_store, after Engram).
+            share.tapped[self.layer] = h.float().mean(1).to(h.dtype)
+        return self.sublayers(h, pre, lambda x: self.attn(x, batch, cache, share), img)
+
+    def sublayers(self, h, pre, attend, img: torch.Tensor | None = None):
+        """The attention sublayer (`attend`: normed input rows -> output rows) and the MoE,
+        each behind its shifted hyper-connection: (streams, pre mix of the next sublayer)."""
         nxt, post, comb = self._hc.mixes(self.hc_attn_fn, self.hc_attn_base, self.hc_attn_scale, h)
         x = collapse(pre, h)
-        h = hc_merge(h, self.attn(self.attn_norm(x), batch, cache, share), post, comb)
+        h = hc_merge(h, attend(self.attn_norm(x)), post, comb)
         pre = nxt
         nxt, post, comb = self._hc.mixes(self.hc_ffn_fn, self.hc_ffn_base, self.hc_ffn_scale, h)
         x = collapse(pre, h)

@@ -6,8 +6,8 @@ in that naming loads name for name (model.v41.weights).
 
 DSpark: the drafter's stages (`mtp.0..`: sliding-window blocks with their own smaller MoE; the
 first owns `main_proj` / `main_norm`, the last the output `norm`, `markov_head` and
-`confidence_head`) are built and loaded so the speculative-decoding work has them; this engine
-does not draft with them yet and allocates them no cache.
+`confidence_head`; model.v41.dspark) fill the `mtp` slot; a step returns the taps they read
+(forward's `taps`), and their window rings follow the backbone's in the cache.
 """
 
 from __future__ import annotations
@@ -27,10 +27,11 @@ from deepring.model.linear import linear
 from deepring.model.model import StepOutput
 from deepring.model.norm import RMSNorm
 from deepring.model.rope import RopeTables
-from deepring.model.v41.attention import StepShare, V41Attention
+from deepring.model.v41.attention import StepShare
 from deepring.model.v41.config import V41Config
+from deepring.model.v41.dspark import V41Drafter
 from deepring.model.v41.kvquant import KVCodec
-from deepring.model.v41.layer import V41Block, V41MoE
+from deepring.model.v41.layer import V41Block
 from deepring.model.v41.vision import (
     Aligner,
     VisionConfig,
@@ -39,34 +40,6 @@ from deepring.model.v41.vision import (
     image_rows,
 )
 from deepring.model.v41.vocab import compressed_vocabulary
-
-
-class MarkovHead(nn.Module):
-    def __init__(self, vocab: int, rank: int) -> None:
-        super().__init__()
-        self.embed = nn.Embedding(vocab, rank)  # the previous token -> rank
-        self.head = nn.Embedding(vocab, rank)  # rank -> vocab bias (weight [vocab, rank])
-
-
-class DSparkStage(V41Block):
-    def __init__(self, config: V41Config, index: int) -> None:
-        c, ds = config, config.dspark
-        layer = c.num_hidden_layers + index
-        super().__init__(
-            c,
-            layer,
-            attn=V41Attention(c, layer, window_only=True),
-            moe=V41MoE(c, ds.n_routed_experts, ds.num_experts_per_tok),
-        )
-        d = c.hidden_size
-        if index == 0:
-            self.main_proj = linear(len(ds.target_layer_ids) * d, d)
-            self.main_norm = RMSNorm(d, c.rms_norm_eps)
-        if index == ds.num_stages - 1:
-            self.norm = RMSNorm(d, c.rms_norm_eps)
-            self.markov_head = MarkovHead(c.vocab_size, ds.markov_rank)
-            self.confidence_head = nn.Module()
-            self.confidence_head.proj = linear(d + ds.markov_rank, 1)
 
 
 class DeepseekV41(nn.Module):
@@ -91,8 +64,9 @@ class DeepseekV41(nn.Module):
         )
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.head = linear(config.hidden_size, config.vocab_size)
-        stages = config.dspark.num_stages if config.dspark is not None else 0
-        self.mtp = nn.ModuleList(DSparkStage(config, i) for i in range(stages))
+        self.mtp: nn.ModuleList = V41Drafter(config) if config.dspark else nn.ModuleList()
+        # The drafter's candidate tokens (model.dspark.read_draft_vocab); None: every token.
+        self.draft_vocab: torch.Tensor | None = None
         self.codec = KVCodec(config.head_dim, config.index_head_dim)
         # Decoder SWA bounded replay: prompt tokens the decoder computes (the runner turns it
         # into SeqChunk.decoder_from; 0 = every token).
@@ -136,6 +110,15 @@ class DeepseekV41(nn.Module):
     @property
     def dtype(self) -> torch.dtype:
         return self.head.weight.dtype
+
+    # The names DeepseekV4 has for the token embedding and the LM head (core.drafters).
+    @property
+    def embed_tokens(self) -> nn.Embedding:
+        return self.embed
+
+    @property
+    def lm_head(self) -> nn.Module:
+        return self.head
 
     @property
     def device(self) -> torch.device:
@@ -252,7 +235,8 @@ class DeepseekV41(nn.Module):
             sub.image_mask = batch.image_mask[keep]
         idx = torch.tensor(keep, dtype=torch.long, device=dev)
         share = StepShare(caches=share.caches, codec=self.codec, shared_hidden=x[idx],
-                          floors=floors)  # fmt: skip
+                          floors=floors, taps=share.taps, tapped=share.tapped,
+                          rows=idx)  # fmt: skip
         return h[idx], pre[idx], sub, share, rows
 
     @torch.inference_mode()
@@ -262,14 +246,19 @@ class DeepseekV41(nn.Module):
         pool: KVCachePool,
         return_hidden: bool = False,
         greedy: bool = False,
+        taps: tuple[int, ...] = (),
     ) -> StepOutput:
+        """One step (DeepseekV4.forward's interface). taps: DSpark target layers whose
+        attention-input streams, averaged, come back (StepOutput.taps, with `tapped` marking
+        the rows that have them: decoder targets skip the rows before decoder_from)."""
         c = self.config
+        steps = len(batch.input_ids)
         x = self._embed(batch)
         h = x.unsqueeze(1).expand(-1, c.hc_mult, -1).contiguous()
         # Shifted HC: the first sublayer's input is stream 0 (the embedding itself).
         pre = torch.zeros(h.shape[0], c.hc_mult, dtype=torch.float32, device=h.device)
         pre[:, 0] = 1.0
-        share = StepShare(caches=pool.layers, codec=self.codec)
+        share = StepShare(caches=pool.layers, codec=self.codec, taps=taps or None)
         ngram = self.ngram_ids(batch)
         rows = batch.logits_rows
         for i, (layer, cache) in enumerate(zip(self.layers, pool.layers, strict=False)):
@@ -280,10 +269,31 @@ class DeepseekV41(nn.Module):
             h, pre = layer(h, pre, ngram, batch, cache, share)
         y = collapse(pre[rows], h[rows])
         hidden = h if return_hidden else None
+        tap, tapped = _gather_taps(taps, share, steps, y, bool(taps) and taps[0] >= c.boundary)
         if greedy:
             tokens = self.greedy_tokens(y)
             masked = self._greedy.masker(self.head.weight)
-            return StepOutput(
-                logits=None, hidden=hidden, greedy=tokens, last=y, masked_greedy=masked
-            )
-        return StepOutput(logits=self.logits(y), hidden=hidden)
+            return StepOutput(logits=None, hidden=hidden, greedy=tokens, last=y, taps=tap,
+                              tapped=tapped, masked_greedy=masked)  # fmt: skip
+        return StepOutput(logits=self.logits(y), hidden=hidden, taps=tap, tapped=tapped)
+
+
+def _gather_taps(taps, share: StepShare, steps: int, like: torch.Tensor, decoder: bool):
+    """The step's taps [T, n_taps, D] in its own row numbering and the rows that have them
+    ([T] bool; None: all). The targets sit on one side of the decoder boundary (V41Config),
+    so they share their rows (decoder: those of share.rows); a step whose rows never reach a
+    decoder target has none."""
+    if not taps:
+        return None, None
+    got = [share.tapped.get(i) for i in taps]
+    out = like.new_zeros(steps, len(taps), like.shape[-1])
+    have = torch.zeros(steps, dtype=torch.bool, device=like.device)
+    if all(t is not None for t in got):
+        rows = share.rows if decoder else None
+        if rows is None:
+            out[:] = torch.stack(got, 1).to(out.dtype)
+            have[:] = True
+        else:
+            out[rows] = torch.stack(got, 1).to(out.dtype)
+            have[rows] = True
+    return out, None if bool(have.all()) else have
