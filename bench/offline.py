@@ -133,9 +133,14 @@ def bench_v41(args) -> None:
                 best = min(best, time.perf_counter() - t0)
             row[b] = b * args.new_tokens / best
             print(f"  {name} batch {b}: {row[b]:.1f} tok/s", flush=True)
-        t0 = time.perf_counter()
-        llm.generate(prompts[args.batch_sizes[0]][:1], first)  # prefill and one token
-        row["prefill_us"] = (time.perf_counter() - t0) / args.prompt_len * 1e6
+        row["prefill_us"] = _prefill_us(llm, prompts[args.batch_sizes[0]][0], first, args)
+        if name == "v41-tiny":
+            # The same prefill with the decoder over every prompt token (no bounded replay):
+            # what encoder-only prefill of all but the last KEEP tokens saves.
+            keep = llm.model.decoder_keep
+            llm.model.decoder_keep = llm.engine.runner.keep = 0
+            row["prefill_all_us"] = _prefill_us(llm, prompts[args.batch_sizes[0]][0], first, args)
+            llm.model.decoder_keep = llm.engine.runner.keep = keep
         cfg = llm.config
         n = args.prompt_len
         if name == "v41-tiny":
@@ -155,11 +160,23 @@ def bench_v41(args) -> None:
         print(f"{f'tokens/s, batch {b}':24}{t:16.1f}{v:16.1f}   ratio {v / t:.2f}x")
     t, v = results["tiny"], results["v41-tiny"]
     print(f"{'prefill us / prompt tok':24}{t['prefill_us']:16.1f}{v['prefill_us']:16.1f}")
+    print(f"{'  decoder on every token':24}{'-':>16}{v['prefill_all_us']:16.1f}"
+          f"   bounded replay: {v['prefill_us'] / v['prefill_all_us']:.2f}x")  # fmt: skip
     print(f"{'layers / prompt token':24}{t['layer_rows']:16.2f}{v['layer_rows']:16.2f}"
           f"   of {t['layers']} / {v['layers']} layers")  # fmt: skip
     print(f"{'paged KV B/token (bf16)':24}{t['paged_bpt']:16.1f}{v['paged_bpt']:16.1f}")
     print(f"{'paged KV B/token (FP4)':24}{'-':>16}{v['paged_fp4']:16.1f}")
     print(f"{'state B/request (bf16)':24}{t['state']:16,}{v['state']:16,}")
+
+
+def _prefill_us(llm, prompt: list[int], first, args) -> float:
+    """Microseconds per prompt token of a prefill and one token, the best of --repeats."""
+    best = math.inf
+    for _ in range(args.repeats):
+        t0 = time.perf_counter()
+        llm.generate([prompt], first)
+        best = min(best, time.perf_counter() - t0)
+    return best / len(prompt) * 1e6
 
 
 def _kv_bytes(layout) -> tuple[float, int]:

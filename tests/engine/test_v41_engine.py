@@ -4,6 +4,7 @@ naming, Engram's host-memory table."""
 from __future__ import annotations
 
 import functools
+import math
 
 import pytest
 import torch
@@ -107,6 +108,29 @@ def test_official_naming_round_trip_and_clear_errors(tmp_path):
     broken(lambda t: t.__setitem__(bad, torch.zeros(3, 3)), rf"{bad}.*\(3, 3\)")
     extra = "layers.4.attn.compressor.wkv.weight"  # layer 4 reuses layer 2's KV
     broken(lambda t: t.__setitem__(extra, torch.zeros(32, 64)), extra)
+
+
+@pytest.mark.parametrize("ranks", [1, 3])
+def test_engram_tables_row_padded_as_deepinfer_stores_them_load(tmp_path, ranks):
+    """A table padded to a multiple of lcm(256, engram-parallel ranks) loads as the unpadded
+    one (the padding rows hold anything); a row count no such padding gives is refused."""
+    model = tiny_model()
+    save_v41_checkpoint(model, tmp_path, tiny_dict())
+    names = load_file(tmp_path / "model.safetensors")
+    key = "layers.3.engram.embed.weight"
+    table = names[key]
+    step_rows = math.lcm(256, ranks)
+    padded = -(-table.shape[0] // step_rows) * step_rows
+    junk = torch.randn(padded - table.shape[0], table.shape[1])
+    save_file({**names, key: torch.cat([table, junk])}, str(tmp_path / "model.safetensors"))
+    loaded = load_model(tmp_path, dtype="float32").model
+    prompt = list(range(3, 20))
+    a = step(model, make_pool(model), [new_seqs(1)[0].chunk(prompt)])
+    b = step(loaded, make_pool(loaded), [new_seqs(1)[0].chunk(prompt)])
+    assert torch.equal(a, b)
+    save_file({**names, key: torch.cat([table, junk[:1]])}, str(tmp_path / "model.safetensors"))
+    with pytest.raises(ValueError, match=rf"{key}.*shape"):
+        load_model(tmp_path, dtype="float32")
 
 
 def test_engram_table_stays_in_host_memory():

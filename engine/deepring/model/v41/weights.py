@@ -68,7 +68,7 @@ def load_v41_checkpoint(model: nn.Module, path: str | Path, progress: bool = Tru
         if name not in targets:
             unexpected.append(key)
             continue
-        _assign(targets[name], tensor, name, seen)
+        _assign(targets[name], _engram_rows(name, tensor, targets[name]), name, seen)
     mtp = {n for n in targets if n.startswith("mtp.")}
     has_mtp = bool(seen & mtp)
     vision = {n for n in targets if is_vision(n)}
@@ -82,6 +82,27 @@ def load_v41_checkpoint(model: nn.Module, path: str | Path, progress: bool = Tru
     if not has_vision and hasattr(model, "drop_vision"):
         model.drop_vision()
     return has_mtp
+
+
+ENGRAM_ROW_ALIGN = 256
+MOST_ENGRAM_RANKS = 1024
+
+
+def _engram_rows(name: str, tensor: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """An Engram table without its padding rows. DeepInfer stores a layer's table row-padded
+    to a multiple of lcm(256, its engram-parallel size) (deepinfer-notes.md 1.8; our reading:
+    the padding follows the table's own rows). Only a row count that such padding gives is
+    cut; any other mismatch stays the shape error that names the tensor."""
+    if not name.endswith("engram.embed.weight") or tensor.dim() != 2 or target.dim() != 2:
+        return tensor
+    rows, got = target.shape[0], tensor.shape[0]
+    if got <= rows or tensor.shape[1] != target.shape[1]:
+        return tensor
+    for ranks in range(1, MOST_ENGRAM_RANKS + 1):
+        step = math.lcm(ENGRAM_ROW_ALIGN, ranks)
+        if got == -(-rows // step) * step:
+            return tensor[:rows]
+    return tensor
 
 
 def init_dummy_v41(model: nn.Module, seed: int = 0) -> None:
