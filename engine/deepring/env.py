@@ -15,7 +15,7 @@ import tempfile
 from pathlib import Path
 
 KERNEL_BACKENDS = ("auto", "torch", "numba", "triton")
-GREEDY_HEADS = ("auto", "int8", "bf16", "fp32")
+GREEDY_HEADS = ("auto", "int8", "int8-fbgemm", "bf16", "fp16", "fp32")
 
 
 def _raw(name: str) -> str | None:
@@ -75,8 +75,9 @@ def kernel_backend() -> str:
 
 def greedy_head() -> str:
     """DEEPRING_GREEDY_HEAD: the exact greedy LM head of fp32 CPU decoding (kernels.greedy_head):
-    auto (int8 on CPUs with VNNI or AMX, else bf16 where the CPU has native bf16, else fp32) |
-    int8 | bf16 | fp32. bf16 on a CPU without native bf16 is correct but slow."""
+    auto (the available heads timed on the model's head, the fastest per batch size:
+    kernels.greedy_choice) | int8 | int8-fbgemm | bf16 | fp16 | fp32. Every head gives the fp32
+    argmax."""
     return _choice("DEEPRING_GREEDY_HEAD", GREEDY_HEADS)
 
 

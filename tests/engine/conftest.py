@@ -85,6 +85,11 @@ _NO_INT8 = pytest.mark.skipif(
     not hasattr(torch.ops.onednn, "qlinear_prepack"), reason="no oneDNN int8 linear in this torch"
 )
 _NO_NUMBA = pytest.mark.skipif(not HAVE_NUMBA, reason="numba is not installed")
+# fbgemm's heads run on any x86 CPU (AVX2 is enough): only a torch without fbgemm skips them.
+_NO_FBGEMM_INT8 = pytest.mark.skipif(
+    not greedy_head.cpu_int8_fbgemm(), reason="no fbgemm int8 linear in this torch"
+)
+_NO_FP16 = pytest.mark.skipif(not greedy_head.cpu_fp16_gemm(), reason="no fbgemm fp16 GEMM")
 
 
 @pytest.fixture(
@@ -93,6 +98,12 @@ _NO_NUMBA = pytest.mark.skipif(not HAVE_NUMBA, reason="numba is not installed")
         pytest.param(("bf16", "numba"), id="bf16-numba", marks=_NO_NUMBA),
         pytest.param(("int8", "torch"), id="int8-torch", marks=_NO_INT8),
         pytest.param(("int8", "numba"), id="int8-numba", marks=[_NO_INT8, _NO_NUMBA]),
+        pytest.param(("int8-fbgemm", "torch"), id="int8-fbgemm-torch", marks=_NO_FBGEMM_INT8),
+        pytest.param(
+            ("int8-fbgemm", "numba"), id="int8-fbgemm-numba", marks=[_NO_FBGEMM_INT8, _NO_NUMBA]
+        ),
+        pytest.param(("fp16", "torch"), id="fp16-torch", marks=_NO_FP16),
+        pytest.param(("fp16", "numba"), id="fp16-numba", marks=[_NO_FP16, _NO_NUMBA]),
     ]
 )
 def kind(request, monkeypatch) -> str:

@@ -1,4 +1,5 @@
-"""The int8 and bf16 greedy heads against the fp32 argmax they stand for (kernels.greedy_head)."""
+"""The low-precision greedy heads (bf16, oneDNN int8, fbgemm int8 and fp16) against the fp32 argmax
+they stand for, and their error bounds against the kernels' actual output (kernels.greedy_head)."""
 
 from __future__ import annotations
 
@@ -215,7 +216,54 @@ def test_a_bad_or_unavailable_head_choice_is_an_error(monkeypatch):
         greedy_head.head_setting()
     monkeypatch.setenv("DEEPRING_GREEDY_HEAD", "auto")
     assert greedy_head.head_setting() == "auto"
+    for name in ("cpu_int8_fbgemm", "cpu_fp16_gemm"):
+        monkeypatch.setattr(greedy_head, name, lambda: False)
     assert greedy_head.auto_candidates() == ("fp32", "bf16")  # no int8 without VNNI / AMX
+    for value, needs in (("int8-fbgemm", "fbgemm's int8"), ("fp16", "fbgemm's fp16")):
+        monkeypatch.setenv("DEEPRING_GREEDY_HEAD", value)
+        with pytest.raises(ValueError, match=needs):
+            greedy_head.head_setting()
+    monkeypatch.setattr(greedy_head, "cpu_fp16_gemm", lambda: True)
+    monkeypatch.setattr(greedy_head, "cpu_int8_fbgemm", lambda: True)
+    assert greedy_head.auto_candidates() == ("fp32", "bf16", "fp16", "int8-fbgemm")
+
+
+@pytest.mark.parametrize("scale", [1e-3, 1.0, 100.0])  # (within fp16 range: the fp16 head)
+def test_the_bound_holds_for_every_logit(kind, scale):
+    """The approximate logits the GEMM actually returns are within the bound the settle
+    relies on (a + u'|approx|, module docstring of kernels.greedy_head) of the exact logits,
+    for rows of very different sizes in one batch and weights with large and tiny rows."""
+    g = torch.Generator().manual_seed(10)
+    w = torch.randn(3000, 128, generator=g) * torch.logspace(-3, 1, 3000)[:, None]
+    w[5] = 0.0
+    y = torch.randn(33, 128, generator=g) * scale * torch.logspace(-2, 2, 33)[:, None]
+    y[7, ::3] = 0.0
+    head = GreedyHead(kind)
+    head.prepare(w)
+    approx, a = head._logits(y)
+    exact = y.double() @ w.double().T
+    err = (approx.double() - exact).abs()
+    room = a.double()[:, None] + greedy_kernels.U_OUT * approx.double().abs()
+    assert bool((err <= room).all()), float((err - room).max())
+    assert torch.equal(head.argmax(y, w), _fp32_argmax(y, w))
+
+
+@pytest.mark.skipif(not greedy_head.cpu_fp16_gemm(), reason="no fbgemm fp16 GEMM")
+def test_a_weight_past_fp16s_range_is_left_to_the_other_heads(monkeypatch):
+    w = torch.randn(300, 16)
+    w[3, 2] = 1e5
+    with pytest.raises(ValueError, match="fp16's range"):
+        GreedyHead("fp16").prepare(w)
+    monkeypatch.setattr(greedy_head, "head_setting", lambda: "auto")
+    monkeypatch.setattr(greedy_head, "cached_choice", lambda _shape, _kinds, run: run())
+    argmax = greedy_head.GreedyArgmax()
+    y = torch.randn(2, 16)
+    assert torch.equal(argmax(y, w), _fp32_argmax(y, w))
+    assert "fp16" not in argmax.choice.seconds
+    big = torch.randn(2, 16)
+    big[0, 0] = 1e6  # a row past fp16's range: the plain fp32 path
+    w2 = torch.randn(300, 16)
+    assert torch.equal(GreedyHead("fp16").argmax(big, w2), _fp32_argmax(big, w2))
 
 
 def test_an_unknown_kind_is_rejected():

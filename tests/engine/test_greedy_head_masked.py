@@ -31,6 +31,8 @@ def _masked_fp32_argmax(y: torch.Tensor, w: torch.Tensor, allowed: torch.Tensor)
 def _masked(head: GreedyHead, y, w, allowed, rows=None) -> list:
     head.argmax(y, w)
     rows = list(range(y.shape[0])) if rows is None else rows
+    if head.last is None:  # no approximate logits (rows past fp16's range): GreedyArgmax.masker
+        return [None] * len(rows)  # then gives none, and the caller computes the rows' logits
     return MaskedGreedy(head.last, w)(rows, pack(allowed), allowed.shape[1])
 
 

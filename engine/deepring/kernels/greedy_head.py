@@ -21,6 +21,19 @@ the approximate logit l_j (rounded to bf16 on output) satisfies |l_j - y.w_j| <=
   y' = x q_y with one scale x for the batch; the integer sum is exact and the two scales are
   applied in fp32: c = 2^-20 covers those few roundings, the int32 -> fp32 conversion, and the
   fp32 products that stand for y' and w' in the norms.
+- int8-fbgemm (fbgemm's int8 GEMM, `quantized::linear_with_input_q_dq_qweight_dq_output_fp32`,
+  which takes the rows' quantisation from the caller): w' as for int8; the rows are quantised
+  here to 7 bits around zero point 64 (y' = x (q - 64), |q - 64| <= 63: AVX2's u8 x s8 pair
+  products then never saturate their int16 sums), so y' is known; c = 2^-20 as for int8, and
+  ||y|| + ||y - y'|| stands for ||y'|| (it bounds it whichever way the kernel rounds a tie).
+  It needs no VNNI or AMX.
+- fp16 (fbgemm's fp16 GEMM, `quantized::linear_dynamic_fp16`): w' is the fp16 rounding of w,
+  decoded to fp32 in the kernel and multiplied with fp32 FMAs: c = K * 2^-23 as for bf16. The
+  rows should stay fp32 there; the bound does not rely on it: with y16 the rows' fp16 rounding
+  and d = ||y - y16||, A = (||y|| + d) * (max ||w_j - w'_j|| + c max ||w'_j||) + d * max ||w_j||
+  holds whether the kernel reads y or y16. It needs no int8 or bf16 instructions (AVX2 and
+  F16C): the fast head of CPUs without VNNI, AMX or native bf16, where it reads half the fp32
+  head's bytes and runs the same FMAs.
 """
 
 from __future__ import annotations
@@ -59,6 +72,43 @@ def cpu_int8_is_fast() -> bool:
     return has_op and _cpu_has("_is_vnni_supported", "_is_amx_tile_supported")
 
 
+FP16_MAX = 65504.0  # the largest finite fp16
+
+
+@functools.cache
+def cpu_fp16_gemm() -> bool:
+    """Whether this torch has fbgemm's fp16 GEMM (x86 builds) and it runs here."""
+    ops = torch.ops.quantized
+    try:
+        w = torch.ones(2, 8)
+        out = ops.linear_dynamic_fp16(torch.ones(1, 8), ops.linear_prepack_fp16(w, None))
+    except (AttributeError, NotImplementedError, RuntimeError):
+        return False
+    return bool(torch.equal(out, torch.full((1, 2), 8.0)))
+
+
+INT8_ZERO = 64  # the int8-fbgemm head's zero point for the rows (7 bits: 1 .. 127)
+FBGEMM_TILE = 8192  # vocabulary rows per packed tile of the int8-fbgemm head
+
+
+@functools.cache
+def cpu_int8_fbgemm() -> bool:
+    """Whether this torch has fbgemm's int8 linear with caller-given row quantisation (x86
+    builds) and it computes what the int8-fbgemm head's bound assumes."""
+    ops = torch.ops.quantized
+    w = torch.tensor([[1.0, -2.0], [0.5, 1.0]])
+    try:
+        scales = torch.tensor([2 / 127, 1 / 127], dtype=torch.double)
+        qw = torch.quantize_per_channel(w, scales, torch.zeros(2, dtype=torch.long), 0, torch.qint8)
+        x = torch.tensor([[63.0, -63.0]])
+        out = ops.linear_with_input_q_dq_qweight_dq_output_fp32(
+            x, 1.0, INT8_ZERO, ops.linear_prepack(qw, None)
+        )
+    except (AttributeError, NotImplementedError, RuntimeError):
+        return False
+    return bool(torch.allclose(out, x @ qw.dequantize().T, rtol=1e-6))
+
+
 def head_setting() -> str:
     """DEEPRING_GREEDY_HEAD: 'auto' (the head measured fastest on the weight, per batch size:
     kernels.greedy_choice), or a forced 'int8' / 'bf16' / 'fp32'. A forced int8 needs oneDNN's
@@ -66,14 +116,23 @@ def head_setting() -> str:
     choice = env.greedy_head()
     if choice == "int8" and not cpu_int8_is_fast():
         raise ValueError("DEEPRING_GREEDY_HEAD=int8 needs oneDNN's int8 linear and VNNI or AMX")
+    if choice == "int8-fbgemm" and not cpu_int8_fbgemm():
+        raise ValueError(
+            "DEEPRING_GREEDY_HEAD=int8-fbgemm needs fbgemm's int8 linear (an x86 torch)"
+        )
+    if choice == "fp16" and not cpu_fp16_gemm():
+        raise ValueError("DEEPRING_GREEDY_HEAD=fp16 needs fbgemm's fp16 GEMM (an x86 torch)")
     return choice
 
 
 def auto_candidates() -> tuple[str, ...]:
     """The heads `auto` measures: fp32 and bf16 always (bf16 also pays where the CPU emulates
-    it: it halves the bytes read when few rows make the head read-bound), int8 where the CPU
-    has int8 dot products (VNNI or AMX; elsewhere oneDNN's int8 linear is far slower)."""
-    return ("fp32", "bf16", "int8") if cpu_int8_is_fast() else ("fp32", "bf16")
+    it: it halves the bytes read when few rows make the head read-bound), fp16 and int8-fbgemm
+    where fbgemm is in the build (any x86 CPU), int8 where the CPU has int8 dot products (VNNI or
+    AMX; elsewhere oneDNN's int8 linear is far slower)."""
+    kinds = ("fp32", "bf16") + (("fp16",) if cpu_fp16_gemm() else ())
+    kinds += ("int8-fbgemm",) if cpu_int8_fbgemm() else ()
+    return kinds + (("int8",) if cpu_int8_is_fast() else ())
 
 
 def _row_norm(x: torch.Tensor) -> torch.Tensor:
@@ -155,19 +214,83 @@ class _Int8Logits:
         return approx, a
 
 
-_KINDS = {"bf16": _Bf16Logits, "int8": _Int8Logits}
+class _Fp16Logits:
+    """Approximate logits from fbgemm's fp16 GEMM over a packed fp16 copy of the weight (the
+    module docstring's fp16 bound); output rounded to bf16 for the settle."""
+
+    def __init__(self, w: torch.Tensor) -> None:
+        if not bool(torch.isfinite(w).all()) or float(w.abs().max()) >= FP16_MAX:
+            raise ValueError("the fp16 greedy head needs a finite weight within fp16's range")
+        self.w_max, self.lp_max, self.res_max = _weight_norms(w, w.half().float())
+        self._packed = torch.ops.quantized.linear_prepack_fp16(w.contiguous(), None)
+
+    def __call__(self, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+        if not bool(torch.isfinite(y).all()) or float(y.abs().max()) >= FP16_MAX:
+            return None  # (a row past fp16's range: the plain path)
+        d = _row_norm(y - y.half().float())
+        arith = y.shape[1] * 2.0**-23 * self.lp_max
+        a = (_row_norm(y) + d) * (self.res_max + arith) + d * self.w_max
+        approx = torch.ops.quantized.linear_dynamic_fp16(y.contiguous(), self._packed)
+        return approx.to(torch.bfloat16), a
+
+
+class _Int8FbgemmLogits:
+    """Approximate logits from fbgemm's int8 linear (the module docstring's int8-fbgemm bound):
+    weight rows scaled to int8 once as for int8, the batch's rows quantised here to 7 bits with
+    one scale; output rounded to bf16 for the settle."""
+
+    def __init__(self, w: torch.Tensor) -> None:
+        scale = w.abs().amax(-1) / 127
+        scale = torch.where(scale > 0, scale, torch.ones_like(scale))  # an all-zero row
+        q = torch.round(w / scale[:, None]).clamp_(-127, 127)
+        self.w_max, self.lp_max, self.res_max = _weight_norms(w, q * scale[:, None])
+        # Packed in vocabulary tiles: each tile's fp32 output is rounded to bf16 while it is in
+        # cache (the whole fp32 output, written then read back, cost as much as the GEMM in
+        # an ad-hoc timing on a 2-core AVX2 EPYC, 32 rows of a 129k head).
+        self._tiles = []
+        for start in range(0, w.shape[0], FBGEMM_TILE):
+            part = slice(start, start + FBGEMM_TILE)
+            zeros = torch.zeros(w[part].shape[0], dtype=torch.long)
+            qw = torch.quantize_per_channel(w[part], scale[part].double(), zeros, 0, torch.qint8)
+            self._tiles.append((start, torch.ops.quantized.linear_prepack(qw, None)))
+        self._vocab = w.shape[0]
+
+    def __call__(self, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+        if not bool(torch.isfinite(y).all()):
+            return None
+        top = float(y.abs().max())
+        x = top / (127 - INT8_ZERO) if top > 0 else 1.0
+        lp = torch.round(y / x).clamp_(INT8_ZERO - 127, 127 - INT8_ZERO) * x
+        r = _row_norm(y - lp)
+        a = (_row_norm(y) + r) * (self.res_max + 2.0**-20 * self.lp_max) + r * self.w_max
+        # (A new tensor per call: a masker keeps a call's logits while later calls run.)
+        out = torch.empty(y.shape[0], self._vocab, dtype=torch.bfloat16)
+        y = y.contiguous()
+        gemm = torch.ops.quantized.linear_with_input_q_dq_qweight_dq_output_fp32
+        for start, packed in self._tiles:
+            part = gemm(y, x, INT8_ZERO, packed)
+            out[:, start : start + part.shape[1]] = part
+        return out, a
+
+
+_KINDS = {
+    "bf16": _Bf16Logits,
+    "int8": _Int8Logits,
+    "int8-fbgemm": _Int8FbgemmLogits,
+    "fp16": _Fp16Logits,
+}
 
 
 class GreedyHead:
     """Holds the low-precision copy of an fp32 LM head weight and its norms; rebuilt when the
-    weight changes (tracked by data pointer and version counter). kind: 'int8' or 'bf16'."""
+    weight changes (tracked by data pointer and version counter). kind: one of _KINDS."""
 
     def __init__(self, kind: str) -> None:
         if kind not in _KINDS:
             raise ValueError(f"greedy head kind must be one of {sorted(_KINDS)}, got {kind!r}")
         self.kind = kind
         self._key: tuple[int, int] | None = None
-        self._logits: _Bf16Logits | _Int8Logits | None = None
+        self._logits = None  # the kind's approximate logits (_KINDS), for the prepared weight
         # The last call's approximate logits, bounds and rows, kept for `MaskedGreedy`: a
         # grammar-constrained row whose argmax its grammar refuses is settled again from them
         # under its mask instead of paying for its whole fp32 logits row.
@@ -257,7 +380,10 @@ class GreedyArgmax:
                 heads = {"fp32": lambda y: _fp32_argmax(y, w)}
                 for kind in kinds[1:]:
                     head = self._head(kind)
-                    head.prepare(w)  # (its weight copy is built once, not timed)
+                    try:
+                        head.prepare(w)  # (its weight copy is built once, not timed)
+                    except ValueError:  # a weight this head cannot hold (fp16's range)
+                        continue
                     heads[kind] = lambda y, head=head: head.argmax(y, w)
                 return measure(heads, w.shape[1])
 
