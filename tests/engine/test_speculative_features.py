@@ -189,6 +189,12 @@ def test_a_ring_hit_restores_the_drafters_context(deepring_cache_dir, mode):
     assert got.token_ids == want.token_ids
     # The two runs step differently (the cold one's prefill stops at the snapshot point, so
     # it drafts one token earlier): compare the drafts at the anchors both proposed at.
+    assert_same_drafts_where_both_drafted(seen, want_seen)
+
+
+def assert_same_drafts_where_both_drafted(seen, want_seen) -> None:
+    """Two _recording lists propose the same drafts at every anchor both proposed at (at
+    least two of them)."""
     mine, theirs = dict(seen), dict(want_seen)
     common = sorted(set(mine) & set(theirs))
     assert len(common) >= 2, (seen, want_seen)

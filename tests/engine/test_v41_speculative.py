@@ -208,7 +208,7 @@ def test_a_prefix_hit_drafts_as_a_cold_engine(deepring_cache_dir):
     """v41-tiny with the prefix cache: a second prompt sharing 256 tokens with the first takes
     them from the cache (its decoder replays from the prompt's last KEEP tokens, and the drafter
     reads those rows' taps), and drafts and emits exactly what a cold engine does."""
-    from test_speculative_features import _recording
+    from test_speculative_features import _recording, assert_same_drafts_where_both_drafted
 
     g = torch.Generator().manual_seed(9)
     first = torch.randint(3, 3000, (300,), generator=g).tolist()
@@ -223,7 +223,4 @@ def test_a_prefix_hit_drafts_as_a_cold_engine(deepring_cache_dir):
     want_seen = _recording(cold)
     want = cold.generate([second], p)[0]
     assert got.token_ids == want.token_ids
-    mine, theirs = dict(seen), dict(want_seen)
-    common = sorted(set(mine) & set(theirs))
-    assert len(common) >= 2, (seen, want_seen)
-    assert [mine[a] for a in common] == [theirs[a] for a in common]
+    assert_same_drafts_where_both_drafted(seen, want_seen)

@@ -106,23 +106,23 @@ class DSparkStage(DecoderLayer):
             self.confidence_head = ConfidenceHead(d, ds.markov_rank)
 
 
-class DSparkDrafter(nn.ModuleList):
-    """The stages, in the model's `mtp` slot (so their tensors are `mtp.S.*`). The embedding
-    and LM head are the target's, passed in."""
+class DrafterStages(nn.ModuleList):
+    """Draft stages in a model's `mtp` slot (so their tensors are `mtp.S.*`), stage 0 owning
+    `main_proj`: what V4's and V4.1's (model.v41.dspark) drafters share. The embedding and LM
+    head are the target's, passed in."""
 
-    def __init__(self, config: ModelConfig) -> None:
-        ds = _dspark(config)
-        super().__init__(DSparkStage(config, s) for s in range(ds.num_stages))
+    def __init__(self, config, stages) -> None:
+        super().__init__(stages)
         self.config = config
-        self.ds = ds
+        self.ds = _dspark(config)
         self._rope: RopeTables | None = None
 
     @property
-    def first(self) -> DSparkStage:
+    def first(self) -> nn.Module:
         return self[0]
 
     @property
-    def last(self) -> DSparkStage:
+    def last(self) -> nn.Module:
         return self[len(self) - 1]
 
     def rope(self) -> RopeTables:
@@ -130,6 +130,14 @@ class DSparkDrafter(nn.ModuleList):
         if self._rope is None or self._rope.main.device != dev:
             self._rope = RopeTables(self.config, dev)
         return self._rope
+
+
+class DSparkDrafter(DrafterStages):
+    """V4's drafter: its stages, the plain forward and the engine's incremental form."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        ds = _dspark(config)
+        super().__init__(config, (DSparkStage(config, s) for s in range(ds.num_stages)))
 
     # ---- the plain forward -------------------------------------------------------------------
 

@@ -28,9 +28,9 @@ import torch
 from torch import nn
 
 from deepring.kernels.hyper import collapse
+from deepring.model.dspark import DrafterStages
 from deepring.model.linear import linear
 from deepring.model.norm import RMSNorm
-from deepring.model.rope import RopeTables
 from deepring.model.v41.attention import V41Attention
 from deepring.model.v41.config import V41Config
 from deepring.model.v41.layer import V41Block, V41MoE
@@ -64,31 +64,13 @@ class DSparkStage(V41Block):
             self.confidence_head.proj = linear(d + ds.markov_rank, 1)
 
 
-class V41Drafter(nn.ModuleList):
-    """The stages, in the model's `mtp` slot (tensors `mtp.S.*`); embedding and LM head are
-    the target's."""
+class V41Drafter(DrafterStages):
+    """The stages, in the model's `mtp` slot (tensors `mtp.S.*`)."""
 
     def __init__(self, config: V41Config) -> None:
         if config.dspark is None:
             raise ValueError("this model config has no DSpark drafter")
-        super().__init__(DSparkStage(config, s) for s in range(config.dspark.num_stages))
-        self.config = config
-        self.ds = config.dspark
-        self._rope: RopeTables | None = None
-
-    @property
-    def first(self) -> DSparkStage:
-        return self[0]
-
-    @property
-    def last(self) -> DSparkStage:
-        return self[len(self) - 1]
-
-    def rope(self) -> RopeTables:
-        dev = self.first.main_proj.weight.device
-        if self._rope is None or self._rope.main.device != dev:
-            self._rope = RopeTables(self.config, dev)
-        return self._rope
+        super().__init__(config, (DSparkStage(config, s) for s in range(config.dspark.num_stages)))
 
     def fuse(self, taps: torch.Tensor) -> torch.Tensor:
         """main_x [N, D] from the taps [N, n_taps, D] (target_layer_ids order)."""
