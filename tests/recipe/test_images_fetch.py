@@ -3,11 +3,18 @@ content types, size limits (with and without Content-Length), redirects, destina
 (refused hosts, redirects to refused hosts, filters that raise or return non-booleans). The
 Python resolver always has a fetcher (the official's signature); the Rust resolver without one
 never fetches (crates/image/src/resolve.rs). The timeout, which Python cannot set, and the
-public-address filter are tested in Rust (crates/image/tests/fetch.rs)."""
+public-address filter are tested in Rust (crates/image/tests/fetch.rs). HTTPS: a 127.0.0.1 TLS
+server whose certificate no root vouches for is refused alike."""
 
 from __future__ import annotations
 
+import http.server
+import shutil
+import ssl
+import subprocess
 import sys
+import threading
+import urllib.request
 from pathlib import Path
 
 import deepring_recipe as ours
@@ -15,7 +22,7 @@ import deepseek_recipe as official
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
-from images_support import PNG_30x20, outcome, server
+from images_support import PNG_30x20, _Handler, outcome, server
 
 LIBS = (ours, official)
 
@@ -167,3 +174,35 @@ def test_links_over_8192_bytes_are_refused_alike():
             )
             assert got == want, [len(u.encode()) for u in urls]
         assert got[1] == "UrlTooLong"
+
+
+@pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command")
+def test_https_with_an_untrusted_certificate_is_refused_alike(tmp_path):
+    """A self-signed certificate for 127.0.0.1: the server answers TLS (a client that trusts
+    the certificate gets the image), and both fetchers refuse it the same way."""
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key),
+         "-out", str(cert), "-days", "1", "-subj", "/CN=127.0.0.1",
+         "-addext", "subjectAltName=IP:127.0.0.1"],
+        check=True, capture_output=True, timeout=60,
+    )  # fmt: skip
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
+    srv.daemon_threads = True
+    tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    tls.load_cert_chain(cert, key)
+    srv.socket = tls.wrap_socket(srv.socket, server_side=True)
+    thread = threading.Thread(target=srv.serve_forever, daemon=True)
+    thread.start()
+    try:
+        url = f"https://127.0.0.1:{srv.server_address[1]}/png"
+        trusting = ssl.create_default_context(cafile=str(cert))
+        with urllib.request.urlopen(url, context=trusting, timeout=30) as r:
+            assert r.read() == PNG_30x20
+        got, want = (_fetch(lib.ReqwestImageFetcher(), url) for lib in LIBS)
+    finally:
+        srv.shutdown()
+        srv.server_close()
+        thread.join(timeout=10)
+    assert got == want, (got, want)
+    assert got[:2] == ("ImageError", "Fetch"), got
