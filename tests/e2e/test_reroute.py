@@ -1,6 +1,8 @@
 """Faults users never see: workers killed or frozen under streaming load, and every client's
 stream goes on with the exact output of a fault-free run (greedy), no error, no repeated or
-missing token; a request gives up with a clear error only past its reroute budget."""
+missing token; a request gives up with a clear error only past its reroute budget. (Exact up to
+float rounding: the prompts are those whose tokens no rounding of another chunking or batch
+changes, rounding.RoundingCheck.)"""
 
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ import httpx2
 import openai
 import pytest
 from e2e_helpers import Server
+from rounding import RoundingCheck
 
 pytestmark = pytest.mark.slow
 
@@ -40,6 +43,11 @@ def pool(tmp_path_factory, fault_env):
     s = Server(list(ARGS), tmp_path_factory.mktemp("serve") / "serve.log", fault_env)
     yield s
     assert s.stop() == 0, s.log()[-4000:]
+
+
+@pytest.fixture(scope="module")
+def rounding():
+    return RoundingCheck()
 
 
 def _prompts(n: int, seed: int, words: tuple[int, int] = (20, 300)) -> list[str]:
@@ -141,14 +149,15 @@ def _wait_all_up(server: Server, timeout: float = 120.0) -> None:
 
 
 @pytest.mark.parametrize("role", ["decode", "prefill"])
-def test_a_killed_worker_is_invisible_to_its_streams(pool, role):
+def test_a_killed_worker_is_invisible_to_its_streams(pool, rounding, role):
     _wait_all_up(pool)  # (whatever an earlier test left restarting)
     early = role == "prefill"
     # Long prompts when the kill must land in prefill: many 64-token steps each. Long outputs
     # when it must land in decode: the kill follows a stream's third token and the load
     # reports, and 24 tokens could all be out by then.
-    prompts = _prompts(4, seed=2, words=(250, 400)) if early else _prompts(4, seed=1)
     new = 24 if early else 96
+    candidates = _prompts(8, seed=2, words=(250, 400)) if early else _prompts(8, seed=1)
+    prompts = rounding.stable(candidates, 4, new)
     # The fault-free run goes second when the kill must land in prefill: run first, it would
     # leave the prompts in the prefix cache, and the faulty run's prefill would be over before
     # the kill.
@@ -178,14 +187,14 @@ def test_a_killed_worker_is_invisible_to_its_streams(pool, role):
     assert pool.metric("deepring_workers_ready", f'{{role="{role}"}}') == 2
 
 
-def test_a_killed_worker_keeps_seeded_sampling_penalties_and_logprobs(pool):
+def test_a_killed_worker_keeps_seeded_sampling_penalties_and_logprobs(pool, rounding):
     """Rerouted mid-stream, a sampled request with penalties continues with the same tokens
     (its resubmitted output counts for the penalties on the new worker) and log probabilities
     (recomputed there, so equal to float32 rounding)."""
     sampling = {"temperature": 0.9, "seed": 7, "frequency_penalty": 1.0,
                 "presence_penalty": -0.5, "logprobs": True, "top_logprobs": 2}  # fmt: skip
     _wait_all_up(pool)
-    prompts = _prompts(4, seed=6)
+    prompts = rounding.stable(_prompts(8, seed=6), 4, 64, sampling)
     # 64 tokens: the kill follows a stream's third token, and 24 could all be out by then.
     want = _run_all(pool.url, prompts, 64, sampling=sampling)
     rerouted = pool.metric("deepring_requests_rerouted_total")
@@ -208,9 +217,9 @@ def test_a_killed_worker_keeps_seeded_sampling_penalties_and_logprobs(pool):
     _wait_all_up(pool)
 
 
-def test_a_frozen_worker_is_declared_dead_and_its_streams_go_on(pool):
+def test_a_frozen_worker_is_declared_dead_and_its_streams_go_on(pool, rounding):
+    prompts = rounding.stable(_prompts(6, seed=3), 3, 24)
     _wait_all_up(pool)
-    prompts = _prompts(3, seed=3)
     want = _run_all(pool.url, prompts, 24)
 
     def freeze() -> None:
@@ -225,10 +234,10 @@ def test_a_frozen_worker_is_declared_dead_and_its_streams_go_on(pool):
     assert _run_all(pool.url, prompts[:2], 24) == want[:2]
 
 
-def test_chaos_kills_lose_no_request(pool):
+def test_chaos_kills_lose_no_request(pool, rounding):
     """A bounded load test while a random worker is killed every 1.5 s (the first one 0.3 s
     in), one of each role always left alive."""
-    prompts = _prompts(6, seed=4)
+    prompts = rounding.stable(_prompts(10, seed=4), 6, 96)
     want = _run_all(pool.url, prompts, 96)
     stop = threading.Event()
     kills = []
@@ -313,7 +322,7 @@ def test_a_crash_loop_is_reported(tmp_path_factory, fault_env):
         assert s.stop() == 0, s.log()[-4000:]
 
 
-def test_a_warm_spare_takes_over_at_once(tmp_path_factory, fault_env):
+def test_a_warm_spare_takes_over_at_once(tmp_path_factory, fault_env, rounding):
     """--reserve-workers 1: the only decode worker dies mid-stream and the loaded spare
     becomes it without loading the model again; the stream goes on unchanged, and a new
     spare takes the first one's place."""
@@ -324,7 +333,7 @@ def test_a_warm_spare_takes_over_at_once(tmp_path_factory, fault_env):
     )
     try:
         _wait_for(lambda: s.health()["local_workers"]["spares"]["loaded"] == 1, "a loaded spare")
-        prompts = _prompts(2, seed=5)
+        prompts = rounding.stable(_prompts(4, seed=5), 2, 24)
         want = _run_all(s.url, prompts, 24)
         took = []
 
