@@ -104,19 +104,22 @@ impl Canvas {
         Ok((canvas, shrunk))
     }
 
-    /// The canvas with its long side capped at [`MAX_SIDE_PATCHES`], the short side scaled by
-    /// the same ratio and rounded up, at least two patches. A canvas the token budget shrank
-    /// counts its short side as at least one token column (3 patches) there. Recovered by
-    /// probing the official wheel: 396 of 401 random capped canvases matched, the others are
-    /// a patch apart on the short side with the same token count (recipe/DEVIATIONS.md I5).
+    /// The canvas with its long side capped at [`MAX_SIDE_PATCHES`] (16380 px): the short side
+    /// in pixels scaled by the same ratio, rounded to whole pixels (half to even), then up to
+    /// whole patches, at least two. A canvas the token budget shrank to exactly
+    /// [`MAX_TOKENS`] counts its short side as at least one token column (3 patches) there.
+    /// Recovered by probing the official wheel (recipe/DEVIATIONS.md I5): it matched every
+    /// one of 809 random capped canvases, and a second sample of wider sources.
     fn capped(self, shrunk: bool) -> Canvas {
+        let full = shrunk && self.tokens() == MAX_TOKENS;
         let cap = |long: u32, short: u32| {
             if long <= MAX_SIDE_PATCHES {
                 return (long, short);
             }
-            let short = if shrunk { short.max(MERGE) } else { short } as u64;
-            let scaled = (short * MAX_SIDE_PATCHES as u64).div_ceil(long as u64);
-            (MAX_SIDE_PATCHES, (scaled as u32).max(2))
+            let short = if full { short.max(MERGE) } else { short };
+            let px = (short as f64 * (MAX_SIDE_PATCHES * PATCH) as f64 / long as f64)
+                .round_ties_even() as u32;
+            (MAX_SIDE_PATCHES, px.div_ceil(PATCH).max(2))
         };
         if self.wp >= self.hp {
             let (wp, hp) = cap(self.wp, self.hp);
@@ -274,6 +277,17 @@ mod tests {
         (21966, 89, 1170, 5),
         (23050, 109, 1170, 6),
         (24798, 31, 1170, 2),
+        // The cap's short side rounded to whole pixels first (these took a patch more before)
+        (30697, 132, 1170, 5),
+        (19631, 76, 1170, 5),
+        (20342, 63, 1170, 4),
+        (33267, 79, 1170, 2),
+        (79, 31437, 2, 1170),
+        (79, 35533, 2, 1170),
+        (60, 30657, 2, 1170),
+        // shrunk to exactly the token budget: one token column at least
+        (53, 28266, 3, 1170),
+        (4, 27891, 3, 1170),
     ];
 
     #[test]
