@@ -109,7 +109,7 @@ impl Canvas {
     /// whole patches, at least two. A canvas the token budget shrank to exactly
     /// [`MAX_TOKENS`] counts its short side as at least one token column (3 patches) there.
     /// Recovered by probing the official wheel (recipe/DEVIATIONS.md I5): it matched every
-    /// one of 809 random capped canvases, and a second sample of wider sources.
+    /// one of 1,004 random capped canvases.
     fn capped(self, shrunk: bool) -> Canvas {
         let full = shrunk && self.tokens() == MAX_TOKENS;
         let cap = |long: u32, short: u32| {
