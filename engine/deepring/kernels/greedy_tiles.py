@@ -9,15 +9,12 @@ f32(q . q_j) * (x * s_j) is y'.w'_j up to three fp32 roundings, so the int8-fbge
 (module docstring of kernels.greedy_head): |l_j - y.w_j| <= a with
   a = (||y|| + ||y - y'||) (max ||w_j - w'_j|| + 2^-20 max ||w'_j||) + ||y - y'|| max ||w_j||,
 and there is no output rounding. Token j can be the fp32 argmax only if l_j + a >= best - a, so
-only tiles whose maximum reaches best - 2a are searched: the kernel recomputes their tokens'
-approximate logits, those reaching best - 2a get their fp32 logits, and the largest (lowest id
-on ties) wins.
+only tiles whose maximum reaches best - 2a are searched: their tokens' fp32 logits, from one
+batched GEMM, and the largest (lowest id on ties) wins.
 
-The GEMM itself is no faster than fbgemm's: both run at about one `vpmaddwd` (16 int8
-products) per cycle per core, the multiply rate of this CPU (Zen 3); what goes is writing the
-logits, rounding them to bf16 and reading them back. The auto choice's own timings on the 2-core
-AVX2-only AMD EPYC (tiny model's 129k x 128 head, three processes): 5.2-5.7 ms at 32 rows
-against 7.0-7.2 ms for int8-fbgemm; 1.5-2.0 ms at one row against 1.5-1.9 ms for fp16.
+Ad-hoc timing on the 2-core AVX2-only AMD EPYC (32 rows of the tiny model's 129k x 128 head):
+the whole head 3.4 ms against 7.5-7.8 ms for int8-fbgemm (fbgemm's GEMM alone 5.0 ms, its
+output rounded to bf16 and settled 2.5 ms more).
 """
 
 from __future__ import annotations
