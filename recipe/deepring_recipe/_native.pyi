@@ -63,7 +63,6 @@ __all__ = [
     "UrlImageSource",
     "UserMessage",
     "WebSearchBehavior",
-    "_Int8Head",
     "__version__",
     "decode_rgb",
     "request_fields",
@@ -922,29 +921,3 @@ class MessagesResponse:
     @staticmethod
     def sse_done_data() -> str | None:
         """`None`: no final data message."""
-
-@final
-class _Int8Head:
-    """An int8 LM head weight packed for the int8 greedy head's kernel (engine:
-    kernels/greedy_head.py, kind `int8-avx2`)."""
-
-    TILE: int
-    def __new__(cls, q: bytes, scales: bytes, vocab: int, k: int) -> _Int8Head: ...
-    @property
-    def address(self) -> int:
-        """The packed weight's address, for `deepring_int8_head_tile_max_part` (valid while this
-        object lives: a frozen class's value never moves)."""
-    @property
-    def tiles(self) -> int:
-        """Tiles of `TILE` tokens (the last one partial)."""
-    @staticmethod
-    def has_avx2() -> bool:
-        """Whether this CPU runs the AVX2 kernel."""
-    def tile_max(self, yq: bytes, rows: int, x: float, threads: int) -> bytes:
-        """Each tile's largest approximate logit of each row: tiles x rows fp32; yq: rows x k int16
-        values in -127..=127, x: their scale."""
-    def tile_values(self, yq: bytes, rows: int, x: float, rows_of: bytes, tiles_of: bytes) -> bytes:
-        """The approximate logits of the tiles `tiles_of` (uint32 values) of rows `rows_of`:
-        len x TILE fp32, -inf past the vocabulary."""
-    def logits(self, yq: bytes, rows: int, x: float) -> bytes:
-        """Every approximate logit of each row: rows x vocab fp32."""

@@ -3,7 +3,7 @@
 import pytest
 import torch
 from deepring.kernels import greedy as greedy_kernels
-from deepring.kernels import greedy_head, greedy_masked, greedy_tiles
+from deepring.kernels import greedy_head, greedy_masked
 from deepring.kernels.dispatch import HAVE_NUMBA
 
 # One intra-op thread: the test models are tiny (overhead-bound), and a second OpenMP thread
@@ -90,7 +90,6 @@ _NO_FBGEMM_INT8 = pytest.mark.skipif(
     not greedy_head.cpu_int8_fbgemm(), reason="no fbgemm int8 linear in this torch"
 )
 _NO_FP16 = pytest.mark.skipif(not greedy_head.cpu_fp16_gemm(), reason="no fbgemm fp16 GEMM")
-_NO_AVX2 = pytest.mark.skipif(not greedy_head.cpu_int8_avx2(), reason="not an AVX2 CPU")
 
 
 @pytest.fixture(
@@ -105,10 +104,6 @@ _NO_AVX2 = pytest.mark.skipif(not greedy_head.cpu_int8_avx2(), reason="not an AV
         ),
         pytest.param(("fp16", "torch"), id="fp16-torch", marks=_NO_FP16),
         pytest.param(("fp16", "numba"), id="fp16-numba", marks=[_NO_FP16, _NO_NUMBA]),
-        # int8-avx2 settles in its own code; the impl picks its grammar rows' settle (masked
-        # tests) and whether its tile maxima run in parts on numba's threads or in one call.
-        pytest.param(("int8-avx2", "torch"), id="int8-avx2-torch", marks=_NO_AVX2),
-        pytest.param(("int8-avx2", "numba"), id="int8-avx2-numba", marks=[_NO_AVX2, _NO_NUMBA]),
     ]
 )
 def kind(request, monkeypatch) -> str:
@@ -121,6 +116,4 @@ def kind(request, monkeypatch) -> str:
     # The masked settle (grammar-constrained rows): its numba kernel or the torch path.
     monkeypatch.setattr(greedy_masked, "use_numba", lambda *_: impl == "numba")
     monkeypatch.setattr(greedy_masked, "settle", getattr(greedy_kernels, f"settle_{impl}"))
-    if impl == "torch":  # int8-avx2's tile maxima in one call, not in parts on numba's threads
-        monkeypatch.setattr(greedy_tiles, "parallel_threads", lambda: 1)
     return kind

@@ -1,10 +1,8 @@
-"""The low-precision greedy heads (bf16, oneDNN int8, fbgemm int8, fp16 and our int8-avx2) against
-the fp32 argmax they stand for, and their error bounds against the kernels' actual output
-(kernels.greedy_head)."""
+"""The low-precision greedy heads (bf16, oneDNN int8, fbgemm int8 and fp16) against the fp32 argmax
+they stand for, and their error bounds against the kernels' actual output (kernels.greedy_head)."""
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -218,22 +216,16 @@ def test_a_bad_or_unavailable_head_choice_is_an_error(monkeypatch):
         greedy_head.head_setting()
     monkeypatch.setenv("DEEPRING_GREEDY_HEAD", "auto")
     assert greedy_head.head_setting() == "auto"
-    for name in ("cpu_int8_fbgemm", "cpu_fp16_gemm", "cpu_int8_avx2"):
+    for name in ("cpu_int8_fbgemm", "cpu_fp16_gemm"):
         monkeypatch.setattr(greedy_head, name, lambda: False)
     assert greedy_head.auto_candidates() == ("fp32", "bf16")  # no int8 without VNNI / AMX
-    for value, needs in (
-        ("int8-fbgemm", "fbgemm's int8"),
-        ("fp16", "fbgemm's fp16"),
-        ("int8-avx2", "an AVX2 CPU"),
-    ):
+    for value, needs in (("int8-fbgemm", "fbgemm's int8"), ("fp16", "fbgemm's fp16")):
         monkeypatch.setenv("DEEPRING_GREEDY_HEAD", value)
         with pytest.raises(ValueError, match=needs):
             greedy_head.head_setting()
     monkeypatch.setattr(greedy_head, "cpu_fp16_gemm", lambda: True)
     monkeypatch.setattr(greedy_head, "cpu_int8_fbgemm", lambda: True)
     assert greedy_head.auto_candidates() == ("fp32", "bf16", "fp16", "int8-fbgemm")
-    monkeypatch.setattr(greedy_head, "cpu_int8_avx2", lambda: True)
-    assert greedy_head.auto_candidates()[-1] == "int8-avx2"
 
 
 @pytest.mark.parametrize("scale", [1e-3, 1.0, 100.0])  # (within fp16 range: the fp16 head)
@@ -325,69 +317,3 @@ def test_int8_quantisation_numba_equals_torch():
     zero = greedy_kernels.quantize_rows_numba(torch.zeros(2, 4), 0.25, 3.0)
     assert zero[1] == 1.0
     assert not zero[0].any()
-
-
-@pytest.mark.skipif(not greedy_head.cpu_int8_avx2(), reason="not an AVX2 CPU")
-def test_int8_avx2_tile_maxima_in_parts_equal_one_call_and_the_definition():
-    """The tile maxima from the numba kernel's parts (any part count, on whatever threads
-    there are) equal the kernel's single call, and both equal the maxima of the int8 logits
-    computed here in int64."""
-    from deepring.kernels.greedy_tiles import TILE as T
-    from deepring.kernels.greedy_tiles import Int8TileLogits, _parts_kernel
-
-    g = _gen(11)
-    w = torch.randn(5 * T + 17, 33, generator=g)  # a partial last tile, an odd K
-    y = torch.randn(6, 33, generator=g)
-    head = Int8TileLogits(w)
-    q, x, _ = head._quantize(y)
-    raw = head._head.tile_max(q.tobytes(), 6, x, 1)
-    one = torch.frombuffer(bytearray(raw), dtype=torch.float32).view(-1, 6).T
-    scale = w.abs().amax(-1) / 127
-    qw = torch.round(w / scale[:, None]).clamp(-127, 127).long()
-    dots = torch.from_numpy(q).long() @ qw.T  # exact integer dot products
-    logits = dots.float() * (torch.tensor(x, dtype=torch.float32) * scale.float())
-    pad = torch.full((6, 6 * T - logits.shape[1]), float("-inf"))
-    want = torch.cat([logits, pad], 1).view(6, 6, T).amax(-1)
-    assert torch.equal(one, want)
-    kernel = _parts_kernel()
-    if kernel is None:
-        pytest.skip("numba is not installed")
-    pairs = np.ascontiguousarray(np.concatenate([q, np.zeros((6, 1), np.int16)], 1))
-    for parts in (1, 2, 3, 7):
-        out = np.full((head._head.tiles, 6), np.nan, np.float32)
-        failed = kernel(head._head.address, pairs.view(np.int32).ctypes.data, 6, x,
-                        out.ctypes.data, parts)  # fmt: skip
-        assert failed == 0
-        assert torch.equal(torch.from_numpy(out).T, want), parts
-    bad = np.full_like(pairs, 300)  # row values past int8: refused, not computed
-    out = np.zeros((head._head.tiles, 6), np.float32)
-    assert kernel(head._head.address, bad.view(np.int32).ctypes.data, 6, x, out.ctypes.data, 2)
-
-
-@pytest.mark.skipif(not greedy_head.cpu_int8_avx2(), reason="not an AVX2 CPU")
-def test_int8_avx2_grammar_rows_get_logits_only_when_asked(monkeypatch):
-    """The int8-avx2 head computes no logits for a step unless a grammar-constrained row asks
-    (MaskedGreedy), and then the same values the tile maxima came from."""
-    from deepring.kernels.greedy_tiles import Int8TileLogits
-
-    calls = []
-    real = Int8TileLogits.__call__
-    monkeypatch.setattr(
-        Int8TileLogits, "__call__", lambda self, y: calls.append(1) or real(self, y)
-    )
-    g = _gen(12)
-    w = torch.randn(700, 16, generator=g)
-    y = torch.randn(4, 16, generator=g)
-    argmax = greedy_head.GreedyArgmax()
-    monkeypatch.setattr(greedy_head, "head_setting", lambda: "int8-avx2")
-    assert torch.equal(argmax(y, w), _fp32_argmax(y, w))
-    masker = argmax.masker(w)
-    assert masker is not None
-    assert not calls
-    approx = masker.approx
-    assert len(calls) == 1
-    assert approx.shape == (4, 700)
-    assert masker.approx is approx  # computed once
-    err = (approx.double() - y.double() @ w.double().T).abs()
-    room = masker.a.double()[:, None] + greedy_kernels.U_OUT * approx.double().abs()
-    assert bool((err <= room).all())

@@ -218,29 +218,6 @@ TYPES: dict[str, dict[str, Any]] = {
             "return": "MultiModalData",
         },
     },
-    # the engine's private kernel (crates/python/src/kernels.rs)
-    "_Int8Head": {
-        "__new__": {"q": "bytes", "scales": "bytes", "vocab": "int", "k": "int"},
-        "address": "int",
-        "tiles": "int",
-        "has_avx2": {"return": "bool"},
-        "tile_max": {
-            "yq": "bytes",
-            "rows": "int",
-            "x": "float",
-            "threads": "int",
-            "return": "bytes",
-        },
-        "tile_values": {
-            "yq": "bytes",
-            "rows": "int",
-            "x": "float",
-            "rows_of": "bytes",
-            "tiles_of": "bytes",
-            "return": "bytes",
-        },
-        "logits": {"yq": "bytes", "rows": "int", "x": "float", "return": "bytes"},
-    },
     "Message": _MESSAGE,
     "SystemMessage": {"tools": "list[ToolDefinition] | None"},
     "Conversation": {

@@ -51,7 +51,6 @@ from deepring.kernels.greedy import quantize_rows, settle
 from deepring.kernels.greedy_choice import HeadChoice, measure
 from deepring.kernels.greedy_choice_cache import cached_choice
 from deepring.kernels.greedy_masked import masked_settle, walk_settle
-from deepring.kernels.greedy_tiles import Int8TileLogits, cpu_int8_avx2
 
 # The bound is itself computed in fp32; a margin far above those roundings keeps it an upper bound.
 _MARGIN = 1 + 2.0**-8
@@ -123,19 +122,16 @@ def head_setting() -> str:
         )
     if choice == "fp16" and not cpu_fp16_gemm():
         raise ValueError("DEEPRING_GREEDY_HEAD=fp16 needs fbgemm's fp16 GEMM (an x86 torch)")
-    if choice == "int8-avx2" and not cpu_int8_avx2():
-        raise ValueError("DEEPRING_GREEDY_HEAD=int8-avx2 needs an AVX2 CPU (x86-64)")
     return choice
 
 
 def auto_candidates() -> tuple[str, ...]:
     """The heads `auto` measures: fp32 and bf16 always (bf16 also pays where the CPU emulates
     it: it halves the bytes read when few rows make the head read-bound), fp16 and int8-fbgemm
-    where fbgemm is in the build (any x86 CPU), int8-avx2 on AVX2 CPUs (our kernel), int8 where
-    the CPU has int8 dot products (VNNI or AMX; elsewhere oneDNN's int8 linear is far slower)."""
+    where fbgemm is in the build (any x86 CPU), int8 where the CPU has int8 dot products (VNNI or
+    AMX; elsewhere oneDNN's int8 linear is far slower)."""
     kinds = ("fp32", "bf16") + (("fp16",) if cpu_fp16_gemm() else ())
     kinds += ("int8-fbgemm",) if cpu_int8_fbgemm() else ()
-    kinds += ("int8-avx2",) if cpu_int8_avx2() else ()
     return kinds + (("int8",) if cpu_int8_is_fast() else ())
 
 
@@ -282,7 +278,6 @@ _KINDS = {
     "int8": _Int8Logits,
     "int8-fbgemm": _Int8FbgemmLogits,
     "fp16": _Fp16Logits,
-    "int8-avx2": Int8TileLogits,
 }
 
 
@@ -311,8 +306,6 @@ class GreedyHead:
         """argmax_j (y @ w.T)[r, j] in fp32 for each row r (first maximum); y: [R, K]."""
         self.prepare(w)
         y = y.float()
-        if self.kind == "int8-avx2":
-            return self._tiles_argmax(y, w)
         logits = self._logits(y)
         if logits is None:  # a non-finite row: no bound holds, the plain path says what fp32 does
             self.last = None
@@ -320,20 +313,6 @@ class GreedyHead:
         approx, a = logits
         self.last = (approx, a * _MARGIN, y)
         return settle(approx, self.last[1], y, w)
-
-    def _tiles_argmax(self, y: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-        """The int8-avx2 head: no logits unless a grammar asks (MaskedGreedy calls back)."""
-        found = self._logits.argmax(y, w, _MARGIN)
-        if found is None:  # a non-finite row, as above
-            self.last = None
-            return F.linear(y, w.float()).argmax(-1)
-        idx, a = found
-        self.last = (functools.partial(_bf16_logits, self._logits, y), a, y)
-        return idx
-
-
-def _bf16_logits(logits: Int8TileLogits, y: torch.Tensor) -> torch.Tensor:
-    return logits(y)[0]
 
 
 class MaskedGreedy:
@@ -345,15 +324,8 @@ class MaskedGreedy:
     WALK = 64
 
     def __init__(self, last, w: torch.Tensor) -> None:
-        # approx: a tensor, or (int8-avx2) a function that computes it when first needed
-        self._approx, self.a, self.y = last
+        self.approx, self.a, self.y = last
         self.w = w
-
-    @property
-    def approx(self) -> torch.Tensor:
-        if callable(self._approx):
-            self._approx = self._approx()
-        return self._approx
 
     def __call__(self, rows: list[int], words: np.ndarray, limit: int) -> list:
         """Each row's fp32 argmax among the tokens its packed mask allows (words [len(rows),
