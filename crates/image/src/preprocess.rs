@@ -58,10 +58,22 @@ pub fn low_detail_size(w: u32, h: u32, max: u32) -> (u32, u32) {
 }
 
 /// Preprocesses encoded image bytes; `location` is the `...image[i]` prefix of error messages.
+/// The encode takes a second thread (webp.rs).
 pub fn preprocess(
     data: &[u8],
     options: PreprocessOptions,
     location: &str,
+) -> Result<ImageInfo, ImageError> {
+    preprocess_with(data, options, location, || true)
+}
+
+/// [`preprocess`], asking `threaded` right before the encode whether to take a second thread:
+/// callers running several images at once use one per image until a core is free.
+pub(crate) fn preprocess_with(
+    data: &[u8],
+    options: PreprocessOptions,
+    location: &str,
+    threaded: impl Fn() -> bool,
 ) -> Result<ImageInfo, ImageError> {
     let loc = || location.to_string();
     let rgb = codec::decode(data, options.max_dimension_px).map_err(|f| match f {
@@ -86,7 +98,7 @@ pub fn preprocess(
         let at = ((top as usize + y) * cw + left as usize) * 3;
         pixels[at..at + row].copy_from_slice(&content[y * row..(y + 1) * row]);
     }
-    let data = webp::encode_rgb(&pixels, canvas.width(), canvas.height(), true)
+    let data = webp::encode_rgb(&pixels, canvas.width(), canvas.height(), threaded())
         .ok_or_else(|| ImageError::Encode(loc()))?;
     Ok(ImageInfo {
         data,

@@ -7,7 +7,7 @@ use deepring_recipe::{ImageData, ImageSource};
 use crate::codec;
 use crate::error::ImageError;
 use crate::fetch::Fetcher;
-use crate::preprocess::{preprocess, ImageInfo, PreprocessOptions};
+use crate::preprocess::{preprocess_with, ImageInfo, PreprocessOptions};
 
 /// Encoded bytes a request may carry across all its images: 64 MiB.
 pub const MAX_TOTAL_BYTES: usize = 64 * 1024 * 1024;
@@ -111,15 +111,20 @@ pub fn resolve(
 }
 
 /// Preprocesses every source, spread over the machine's cores (decode, resample and encode are
-/// independent per image; a 10-image request is otherwise ten times one image's latency). The
+/// independent per image; a 10-image request is otherwise ten times one image's latency). An
+/// encode takes a second thread only once its worker is the last one running: before that the
+/// cores are busy with other images, and two threads each would only contend for them. The
 /// error reported is the first source's in request order, as if run one by one.
 fn preprocess_all(
     sources: &[ImageSource],
     encoded: &[Vec<u8>],
 ) -> Result<Vec<ImageInfo>, ImageError> {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let running = AtomicUsize::new(0);
     let run = |i: usize| {
         let options = PreprocessOptions::for_detail(sources[i].detail);
-        preprocess(&encoded[i], options, &location(&sources[i], i))
+        let alone = || running.load(Ordering::Acquire) <= 1;
+        preprocess_with(&encoded[i], options, &location(&sources[i], i), alone)
     };
     let threads = std::thread::available_parallelism()
         .map_or(1, |n| n.get())
@@ -127,7 +132,8 @@ fn preprocess_all(
     if threads <= 1 {
         return (0..sources.len()).map(run).collect();
     }
-    let next = std::sync::atomic::AtomicUsize::new(0);
+    running.store(threads, Ordering::Release);
+    let next = AtomicUsize::new(0);
     let mut results: Vec<Option<Result<ImageInfo, ImageError>>> = vec![None; sources.len()];
     let done: Vec<Vec<(usize, Result<ImageInfo, ImageError>)>> = std::thread::scope(|scope| {
         let workers: Vec<_> = (0..threads)
@@ -135,8 +141,9 @@ fn preprocess_all(
                 scope.spawn(|| {
                     let mut mine = Vec::new();
                     loop {
-                        let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        let i = next.fetch_add(1, Ordering::Relaxed);
                         if i >= sources.len() {
+                            running.fetch_sub(1, Ordering::AcqRel);
                             return mine;
                         }
                         mine.push((i, run(i)));

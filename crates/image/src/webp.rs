@@ -43,10 +43,55 @@ pub fn decode_rgb(data: &[u8]) -> Option<Rgb> {
     })
 }
 
-/// Encodes RGB pixels as lossy WebP at [`QUALITY`], with the encoder's analysis on a second
-/// thread when `threaded` (the output is the same; `tests::threads_do_not_change_the_bytes`).
-/// `None` when libwebp refuses (a side over 16383 px).
+extern "C" {
+    /// libwebp's `WebPEncode` with its main pass (and analysis) on two threads when
+    /// `config.thread_level` is set; the same bytes (csrc/webp_wavefront.c).
+    fn deepring_webp_encode(
+        config: *const ffi::WebPConfig,
+        picture: *mut ffi::WebPPicture,
+    ) -> c_int;
+    #[cfg(test)]
+    fn deepring_webp_encode_one_thread(
+        config: *const ffi::WebPConfig,
+        picture: *mut ffi::WebPPicture,
+    ) -> c_int;
+}
+
+/// Encodes RGB pixels as lossy WebP at [`QUALITY`], on two threads when `threaded` (the output
+/// is libwebp's either way: `tests::parallel_equals_serial`). `None` when libwebp refuses (a
+/// side over 16383 px).
 pub fn encode_rgb(pixels: &[u8], width: u32, height: u32, threaded: bool) -> Option<Vec<u8>> {
+    encode_with(
+        pixels,
+        width,
+        height,
+        QUALITY,
+        4,
+        threaded.then_some(Encoder::Wavefront),
+    )
+}
+
+/// Which encode entry runs besides libwebp's own on one thread (`None` in [`encode_with`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Encoder {
+    /// Ours: the main pass on two threads.
+    Wavefront,
+    /// Ours on one thread, the wavefront's schedule in raster order.
+    #[cfg(test)]
+    WavefrontOneThread,
+    /// libwebp's own with its analysis on a second thread.
+    #[cfg(test)]
+    LibwebpThreaded,
+}
+
+fn encode_with(
+    pixels: &[u8],
+    width: u32,
+    height: u32,
+    quality: f32,
+    method: c_int,
+    encoder: Option<Encoder>,
+) -> Option<Vec<u8>> {
     let (w, h) = (c_int::try_from(width).ok()?, c_int::try_from(height).ok()?);
     let stride = w.checked_mul(3)?;
     if pixels.len() != (stride as usize).checked_mul(h as usize)? {
@@ -61,14 +106,15 @@ pub fn encode_rgb(pixels: &[u8], width: u32, height: u32, threaded: bool) -> Opt
         if ffi::WebPConfigInitInternal(
             config.as_mut_ptr(),
             ffi::WebPPreset::WEBP_PRESET_DEFAULT,
-            QUALITY,
+            quality,
             version,
         ) == 0
         {
             return None;
         }
         let mut config = config.assume_init();
-        config.thread_level = c_int::from(threaded);
+        config.method = method;
+        config.thread_level = c_int::from(encoder.is_some());
         let mut picture = MaybeUninit::<ffi::WebPPicture>::uninit();
         if ffi::WebPPictureInitInternal(picture.as_mut_ptr(), version) == 0 {
             return None;
@@ -83,7 +129,17 @@ pub fn encode_rgb(pixels: &[u8], width: u32, height: u32, threaded: bool) -> Opt
         if ok {
             picture.writer = Some(ffi::WebPMemoryWrite);
             picture.custom_ptr = (&mut writer as *mut ffi::WebPMemoryWriter).cast();
-            ok = ffi::WebPEncode(&config, &mut picture) != 0;
+            ok = match encoder {
+                Some(Encoder::Wavefront) => deepring_webp_encode(&config, &mut picture),
+                #[cfg(test)]
+                Some(Encoder::WavefrontOneThread) => {
+                    deepring_webp_encode_one_thread(&config, &mut picture)
+                }
+                #[cfg(test)]
+                Some(Encoder::LibwebpThreaded) | None => ffi::WebPEncode(&config, &mut picture),
+                #[cfg(not(test))]
+                None => ffi::WebPEncode(&config, &mut picture),
+            } != 0;
         }
         let bytes = (ok && !writer.mem.is_null())
             .then(|| std::slice::from_raw_parts(writer.mem, writer.size).to_vec());
@@ -97,24 +153,116 @@ pub fn encode_rgb(pixels: &[u8], width: u32, height: u32, threaded: bool) -> Opt
 mod tests {
     use super::*;
 
-    fn noise(w: u32, h: u32) -> Vec<u8> {
-        let mut x = 0x2545_f491_u32;
-        (0..w * h * 3)
-            .map(|i| {
-                x ^= x << 13;
-                x ^= x >> 17;
-                x ^= x << 5;
-                ((i % 251) ^ (x & 0x3f)) as u8
-            })
-            .collect()
+    /// A xorshift stream: the tests' pictures are reproducible without a dependency.
+    struct Rng(u32);
+
+    impl Rng {
+        fn next(&mut self) -> u32 {
+            self.0 ^= self.0 << 13;
+            self.0 ^= self.0 >> 17;
+            self.0 ^= self.0 << 5;
+            self.0
+        }
+    }
+
+    /// Pictures unlike each other in what the encoder does with them: full-range noise (large
+    /// coefficients, Cat5 / Cat6 tokens, intra 4x4 everywhere), faint noise, a smooth gradient,
+    /// one colour (intra 16x16, skipped blocks, counters that overflow on large pictures), and
+    /// flat rectangles with sharp edges over a gradient (screenshot-like: rows of very
+    /// different cost, so the two threads drift against each other).
+    fn picture(kind: u32, w: u32, h: u32, seed: u32) -> Vec<u8> {
+        let mut rng = Rng(seed | 1);
+        let mut px = Vec::with_capacity((w * h * 3) as usize);
+        for y in 0..h {
+            for x in 0..w {
+                for c in 0..3u32 {
+                    let g = ((x * (3 + c) + y * (5 - c)) / 7 % 256) as u8;
+                    let v = match kind {
+                        0 => rng.next() as u8,
+                        1 => 100 + (rng.next() % 24) as u8,
+                        2 => g,
+                        3 => 127,
+                        _ => {
+                            let cell = ((x / 37) ^ (y / 23)).wrapping_mul(2_654_435_761);
+                            if cell % 5 == 0 {
+                                (cell >> (8 * c)) as u8 | (0x80 * (x % 3 == 0) as u8)
+                            } else {
+                                g
+                            }
+                        }
+                    };
+                    px.push(v);
+                }
+            }
+        }
+        px
+    }
+
+    fn same_as_libwebp(kind: u32, w: u32, h: u32, quality: f32, method: c_int) {
+        let px = picture(kind, w, h, w * 31 + h);
+        let serial = encode_with(&px, w, h, quality, method, None).unwrap();
+        let case = format!("kind {kind}, {w}x{h}, q{quality}, m{method}");
+        for encoder in [
+            Encoder::LibwebpThreaded,
+            Encoder::WavefrontOneThread,
+            Encoder::Wavefront,
+        ] {
+            let bytes = encode_with(&px, w, h, quality, method, Some(encoder)).unwrap();
+            assert!(bytes == serial, "{case}: {encoder:?} differs from libwebp");
+        }
     }
 
     #[test]
-    fn threads_do_not_change_the_bytes() {
+    fn parallel_equals_serial() {
+        // Sizes: below the wavefront's minimum, two rows, one to three macroblocks wide (the
+        // row above is done before it is two ahead), partial macroblocks, several refreshes of
+        // the cost tables within one row (500 wide, 4 high), and the bench's canvases' shapes.
+        let sizes = [
+            (40, 40),
+            (200, 17),
+            (16, 1200),
+            (30, 900),
+            (47, 700),
+            (333, 250),
+            (8000, 64),
+            (1036, 770),
+        ];
+        for (i, &(w, h)) in sizes.iter().enumerate() {
+            for kind in 0..5 {
+                same_as_libwebp(kind, w, h, QUALITY, 4);
+            }
+            // Other settings the wavefront takes: qualities (90 is what preprocessing uses)
+            // and the trellis methods.
+            same_as_libwebp(i as u32 % 5, w, h, [10.0, 50.0, 75.0, 100.0][i % 4], 4);
+            same_as_libwebp((i as u32 + 2) % 5, w, h, QUALITY, [3, 5, 6][i % 3]);
+        }
+    }
+
+    #[test]
+    fn overflowing_statistics_replay_exactly() {
+        // 2000x1500 of one colour: the token counters of the most used cells pass 65535 and
+        // are halved mid-pass, which only the raster-order replay gets right.
+        same_as_libwebp(3, 2000, 1500, QUALITY, 4);
+        same_as_libwebp(0, 1200, 900, QUALITY, 4);
+    }
+
+    #[test]
+    fn repeated_parallel_encodes_agree() {
+        // The schedule between the threads varies from run to run; the bytes may not.
+        let (w, h) = (700, 500);
+        let px = picture(4, w, h, 7);
+        let first = encode_rgb(&px, w, h, true).unwrap();
+        for _ in 0..12 {
+            assert!(encode_rgb(&px, w, h, true).unwrap() == first);
+        }
+        assert!(encode_rgb(&px, w, h, false).unwrap() == first);
+    }
+
+    #[test]
+    fn round_trip_keeps_the_size() {
         for (w, h) in [(640, 480), (1036, 770), (28, 2000)] {
-            let px = noise(w, h);
-            let one = encode_rgb(&px, w, h, false).unwrap();
-            assert_eq!(one, encode_rgb(&px, w, h, true).unwrap(), "{w}x{h}");
+            let px = picture(1, w, h, 3);
+            let one = encode_rgb(&px, w, h, true).unwrap();
             let back = decode_rgb(&one).unwrap();
             assert_eq!((back.width, back.height), (w, h));
             assert_eq!(dimensions(&one), Some((w, h)));
