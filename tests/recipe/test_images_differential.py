@@ -281,6 +281,33 @@ def test_total_size_limit_alike():
         assert run(ours, n) == run(official, n)
 
 
+def test_many_images_report_and_return_in_request_order():
+    """Our resolver runs a request's images on several cores, largest first; what it returns
+    and which failure it reports are still the official's (which goes in request order)."""
+    big = photo(2400, 1800, "JPEG", seed=5)
+    truncated = big[: len(big) // 3]  # a readable header: estimated large, so run first by us
+    images = [solid(40, 30), photo(640, 480, "PNG", seed=1), big, solid(300, 900, "WEBP")]
+
+    def sizes(lib, datas, details):
+        srcs = [lib.BytesImageSource(d, detail=x) for d, x in zip(datas, details, strict=True)]
+        return outcome(
+            lambda: [
+                (i.width, i.height) for i in _resolver(lib).resolve(srcs, lib.ImageQuota()).images
+            ]
+        )
+
+    details = ["high", "low", "high", "auto"]
+    ok = sizes(ours, images, details)
+    assert ok[0] == "ok"
+    assert ok == sizes(official, images, details)
+    # Garbage (no header: estimated cheapest, run last by us) comes before the truncated JPEG.
+    bad = [images[0], b"not an image", images[1], truncated, images[2]]
+    got = sizes(ours, bad, ["high"] * 5)
+    assert got[0] != "ok"
+    assert "image[1]" in got[3]
+    assert got == sizes(official, bad, ["high"] * 5)
+
+
 def test_image_count_limit_alike():
     """600 images per request, counted across the resolve calls that share a quota and checked
     before any source is read."""

@@ -94,6 +94,17 @@ pub fn decode(data: &[u8], max_side: u32) -> Result<Rgb, DecodeFailure> {
     Ok(to_rgb(img))
 }
 
+/// The size `data`'s header declares, without decoding the pixels; `None` when it is not one
+/// of the four formats or the header is unreadable.
+pub fn header_size(data: &[u8]) -> Option<(u32, u32)> {
+    match sniff(data)? {
+        ImageFormat::WebP => webp::dimensions(data),
+        format => ImageReader::with_format(Cursor::new(data), format)
+            .into_dimensions()
+            .ok(),
+    }
+}
+
 fn to_rgb(img: DynamicImage) -> Rgb {
     let (width, height) = (img.width(), img.height());
     let pixels = match img {

@@ -107,6 +107,22 @@ pub(crate) fn preprocess_with(
     })
 }
 
+/// A rough cost of preprocessing `data`, for ordering work: source pixels (decoding) plus the
+/// canvas's pixels at the weight of their encoding (~90 ns a pixel against ~7 to decode one, on
+/// the 2-core AMD EPYC). 0 when the header is unreadable (the error is found fast).
+pub(crate) fn cost(data: &[u8], options: PreprocessOptions) -> u64 {
+    let Some((w, h)) = codec::header_size(data) else {
+        return 0;
+    };
+    let (fw, fh) = match options.detail {
+        ImageDetail::Low => low_detail_size(w, h, options.low_detail_max_dimension_px),
+        _ => (w, h),
+    };
+    let canvas =
+        Canvas::encoded(fw, fh).map_or(0, |c| u64::from(c.width()) * u64::from(c.height()));
+    u64::from(w) * u64::from(h) + 13 * canvas
+}
+
 /// Bilinear convolution resampling (antialiased when shrinking); the closest of
 /// fast_image_resize's filters to the official's output (DEVIATIONS.md).
 fn resample(rgb: codec::Rgb, w: u32, h: u32) -> Option<Vec<u8>> {

@@ -7,7 +7,7 @@ use deepring_recipe::{ImageData, ImageSource};
 use crate::codec;
 use crate::error::ImageError;
 use crate::fetch::Fetcher;
-use crate::preprocess::{preprocess_with, ImageInfo, PreprocessOptions};
+use crate::preprocess::{cost, preprocess_with, ImageInfo, PreprocessOptions};
 
 /// Encoded bytes a request may carry across all its images: 64 MiB.
 pub const MAX_TOTAL_BYTES: usize = 64 * 1024 * 1024;
@@ -114,7 +114,9 @@ pub fn resolve(
 /// independent per image; a 10-image request is otherwise ten times one image's latency). An
 /// encode takes a second thread only once its worker is the last one running: before that the
 /// cores are busy with other images, and two threads each would only contend for them. The
-/// error reported is the first source's in request order, as if run one by one.
+/// largest images go first, so that the last to finish are small (a 10-image request of photos
+/// and screenshots otherwise ends on one core with a 12-megapixel JPEG). The error reported is
+/// the first source's in request order, as if run one by one.
 fn preprocess_all(
     sources: &[ImageSource],
     encoded: &[Vec<u8>],
@@ -132,6 +134,13 @@ fn preprocess_all(
     if threads <= 1 {
         return (0..sources.len()).map(run).collect();
     }
+    let mut order: Vec<usize> = (0..sources.len()).collect();
+    order.sort_by_cached_key(|&i| {
+        std::cmp::Reverse(cost(
+            &encoded[i],
+            PreprocessOptions::for_detail(sources[i].detail),
+        ))
+    });
     running.store(threads, Ordering::Release);
     let next = AtomicUsize::new(0);
     let mut results: Vec<Option<Result<ImageInfo, ImageError>>> = vec![None; sources.len()];
@@ -141,11 +150,10 @@ fn preprocess_all(
                 scope.spawn(|| {
                     let mut mine = Vec::new();
                     loop {
-                        let i = next.fetch_add(1, Ordering::Relaxed);
-                        if i >= sources.len() {
+                        let Some(&i) = order.get(next.fetch_add(1, Ordering::Relaxed)) else {
                             running.fetch_sub(1, Ordering::AcqRel);
                             return mine;
-                        }
+                        };
                         mine.push((i, run(i)));
                     }
                 })
