@@ -53,9 +53,10 @@ struct VP8Tokens {
 };
 #define DR_FIXED_PROBA_BIT (1u << 14)
 #define DR_PAGE_DATA(p) ((const uint16_t*)&(p)[1])
-// Tokens per page of a row's buffer. A macroblock records at most ~7,200 tokens (400
-// coefficients, each at most 18), so it never fills more than one new page, which the count in
-// EncodeRows relies on.
+// Tokens per page of a row's buffer. A macroblock records at most 7,625 tokens (25 blocks, 400
+// coefficients; per coefficient at most 19 in VP8RecordCoeffTokens: 6 coded, 11 extra bits,
+// the sign and the next end-of-block test; one more per block), so it never fills more than
+// one new page, which the count in EncodeRows relies on.
 #define DR_ROW_PAGE_SIZE 16384
 // Below this many macroblocks a second thread costs more than it saves.
 #define DR_MIN_MBS 64
