@@ -81,6 +81,7 @@ typedef struct {
   pthread_cond_t wake;
   uint64_t generation;       // bumped under `lock` at each progress someone sleeps on
   atomic_int sleepers;       // threads in (or entering) pthread_cond_wait
+  int sync_ready;            // lock and wake initialised
 } Wavefront;
 
 // Set by deepring_webp_encode_one_thread (tests): the schedule in raster order, no thread.
@@ -178,12 +179,16 @@ static void ReplayDone(Wavefront* const wf) {
   Replay(wf, m);
 }
 
+// Whether row y - 1 has `above` macroblocks done (row 0 has none above it).
+static int AboveDone(Wavefront* const wf, int y, int above) {
+  return y == 0 || atomic_load(&wf->done[y - 1]) >= above;
+}
+
 // Whether the caller of WaitTurn can neither code nor make the refresh it needs yet.
 static int Blocked(Wavefront* const wf, int y, int need, int above) {
   if (atomic_load(&wf->failed)) return 0;
   const int epoch = atomic_load(&wf->epoch);
-  if (epoch < need) return !RefreshReady(wf, epoch + 1);
-  return y > 0 && atomic_load(&wf->done[y - 1]) < above;
+  return (epoch < need) ? !RefreshReady(wf, epoch + 1) : !AboveDone(wf, y, above);
 }
 
 // Waits until macroblock (x, y) may be coded: the row above is two macroblocks ahead (or
@@ -196,7 +201,7 @@ static int WaitTurn(Wavefront* const wf, int y, int x) {
   for (;;) {
     if (atomic_load(&wf->failed)) return 0;
     const int epoch = atomic_load(&wf->epoch);
-    if (epoch >= need && (y == 0 || atomic_load(&wf->done[y - 1]) >= above)) return 1;
+    if (epoch >= need && AboveDone(wf, y, above)) return 1;
     if (epoch < need && RefreshReady(wf, epoch + 1)) {
       pthread_mutex_lock(&wf->lock);
       if (atomic_load(&wf->epoch) == epoch) {
@@ -319,36 +324,52 @@ static int WavefrontEligible(const VP8Encoder* const enc) {
          enc->mb_w * enc->mb_h >= DR_MIN_MBS;
 }
 
+// Frees what NewWavefront made (a NULL or partly made one included).
+static void DeleteWavefront(Wavefront* const wf) {
+  if (wf == NULL) return;
+  if (wf->rows != NULL) {
+    for (int y = 0; y < wf->mb_h; ++y) VP8TBufferClear(&wf->rows[y]);
+  }
+  if (wf->sync_ready) {
+    pthread_cond_destroy(&wf->wake);
+    pthread_mutex_destroy(&wf->lock);
+  }
+  WebPSafeFree(wf->rows);
+  WebPSafeFree((void*)wf->done);
+  WebPSafeFree(wf->mb_tokens);
+  WebPSafeFree(wf);
+}
+
+// The wavefront state for `enc`; NULL when memory runs out.
+static Wavefront* NewWavefront(VP8Encoder* const enc) {
+  Wavefront* const wf = (Wavefront*)WebPSafeCalloc(1ULL, sizeof(*wf));
+  if (wf == NULL) return NULL;
+  int max_count = (enc->mb_w * enc->mb_h) >> 3;
+  if (max_count < MIN_COUNT) max_count = MIN_COUNT;
+  wf->enc = enc;
+  wf->mb_w = enc->mb_w;
+  wf->mb_h = enc->mb_h;
+  wf->period = max_count + 1;
+  wf->rows = (VP8TBuffer*)WebPSafeCalloc((uint64_t)wf->mb_h, sizeof(*wf->rows));
+  wf->done = (atomic_int*)WebPSafeCalloc((uint64_t)wf->mb_h, sizeof(*wf->done));
+  wf->mb_tokens = (int*)WebPSafeCalloc((uint64_t)wf->mb_w * wf->mb_h, sizeof(int));
+  if (wf->rows == NULL || wf->done == NULL || wf->mb_tokens == NULL) {
+    DeleteWavefront(wf);
+    return NULL;
+  }
+  for (int y = 0; y < wf->mb_h; ++y) VP8TBufferInit(&wf->rows[y], DR_ROW_PAGE_SIZE);
+  pthread_mutex_init(&wf->lock, NULL);
+  pthread_cond_init(&wf->wake, NULL);
+  wf->sync_ready = 1;
+  return wf;
+}
+
 // VP8EncTokenLoop for one pass, the wavefront way (the serial loop otherwise).
 static int WavefrontTokenLoop(VP8Encoder* const enc) {
   if (!WavefrontEligible(enc)) return DrVP8EncTokenLoopSerial(enc);
+  Wavefront* const wf = NewWavefront(enc);
+  if (wf == NULL) return WebPEncodingSetError(enc->pic, VP8_ENC_ERROR_OUT_OF_MEMORY);
   PassStats stats;
-  int max_count = (enc->mb_w * enc->mb_h) >> 3;
-  if (max_count < MIN_COUNT) max_count = MIN_COUNT;
-  Wavefront* const wf = (Wavefront*)WebPSafeCalloc(1ULL, sizeof(*wf));
-  const int mb_h = enc->mb_h;
-  if (wf != NULL) {
-    wf->rows = (VP8TBuffer*)WebPSafeCalloc((uint64_t)mb_h, sizeof(*wf->rows));
-    wf->done = (atomic_int*)WebPSafeCalloc((uint64_t)mb_h, sizeof(*wf->done));
-    wf->mb_tokens = (int*)WebPSafeCalloc((uint64_t)enc->mb_w * mb_h, sizeof(int));
-  }
-  if (wf == NULL || wf->rows == NULL || wf->done == NULL || wf->mb_tokens == NULL) {
-    if (wf != NULL) {
-      WebPSafeFree(wf->rows);
-      WebPSafeFree((void*)wf->done);
-      WebPSafeFree(wf->mb_tokens);
-      WebPSafeFree(wf);
-    }
-    return WebPEncodingSetError(enc->pic, VP8_ENC_ERROR_OUT_OF_MEMORY);
-  }
-  wf->enc = enc;
-  wf->mb_w = enc->mb_w;
-  wf->mb_h = mb_h;
-  wf->period = max_count + 1;
-  for (int y = 0; y < mb_h; ++y) VP8TBufferInit(&wf->rows[y], DR_ROW_PAGE_SIZE);
-  pthread_mutex_init(&wf->lock, NULL);
-  pthread_cond_init(&wf->wake, NULL);
-
   InitPassStats(enc, &stats);
   int ok = PreLoopInitialize(enc);
   // The serial loop's progress bookkeeping, for the percent it leaves behind.
@@ -371,17 +392,11 @@ static int WavefrontTokenLoop(VP8Encoder* const enc) {
   }
   if (ok) {
     FinalizeTokenProbas(&enc->proba);
-    for (int y = 0; ok && y < mb_h; ++y) {
+    for (int y = 0; ok && y < wf->mb_h; ++y) {
       ok = VP8EmitTokens(&wf->rows[y], enc->parts + 0, (const uint8_t*)enc->proba.coeffs, 1);
     }
   }
-  for (int y = 0; y < mb_h; ++y) VP8TBufferClear(&wf->rows[y]);
-  pthread_cond_destroy(&wf->wake);
-  pthread_mutex_destroy(&wf->lock);
-  WebPSafeFree(wf->rows);
-  WebPSafeFree((void*)wf->done);
-  WebPSafeFree(wf->mb_tokens);
-  WebPSafeFree(wf);
+  DeleteWavefront(wf);
   ok = ok && WebPReportProgress(enc->pic, enc->percent + remaining_progress, &enc->percent);
   VP8EncIterator it;
   VP8IteratorInit(enc, &it);

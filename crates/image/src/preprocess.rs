@@ -57,6 +57,15 @@ pub fn low_detail_size(w: u32, h: u32, max: u32) -> (u32, u32) {
     }
 }
 
+/// The size a `w` x `h` source is fitted to a canvas at: at low detail first brought down to
+/// the options' low-detail side.
+fn fitted_size(w: u32, h: u32, options: PreprocessOptions) -> (u32, u32) {
+    match options.detail {
+        ImageDetail::Low => low_detail_size(w, h, options.low_detail_max_dimension_px),
+        _ => (w, h),
+    }
+}
+
 /// Preprocesses encoded image bytes; `location` is the `...image[i]` prefix of error messages.
 /// The encode takes a second thread (webp.rs).
 pub fn preprocess(
@@ -82,12 +91,7 @@ pub(crate) fn preprocess_with(
         DecodeFailure::Header => ImageError::Decode(loc()),
         DecodeFailure::TooLarge => ImageError::ImageDimensionsTooLarge(loc()),
     })?;
-    let (w, h) = match options.detail {
-        ImageDetail::Low => {
-            low_detail_size(rgb.width, rgb.height, options.low_detail_max_dimension_px)
-        }
-        _ => (rgb.width, rgb.height),
-    };
+    let (w, h) = fitted_size(rgb.width, rgb.height, options);
     let canvas = Canvas::encoded(w, h).map_err(|_| ImageError::Resize(loc()))?;
     let (iw, ih, left, top) = canvas.content(w, h);
     let content = resample(rgb, iw, ih).ok_or_else(|| ImageError::Resize(loc()))?;
@@ -114,10 +118,7 @@ pub(crate) fn cost(data: &[u8], options: PreprocessOptions) -> u64 {
     let Some((w, h)) = codec::header_size(data) else {
         return 0;
     };
-    let (fw, fh) = match options.detail {
-        ImageDetail::Low => low_detail_size(w, h, options.low_detail_max_dimension_px),
-        _ => (w, h),
-    };
+    let (fw, fh) = fitted_size(w, h, options);
     let canvas =
         Canvas::encoded(fw, fh).map_or(0, |c| u64::from(c.width()) * u64::from(c.height()));
     u64::from(w) * u64::from(h) + 13 * canvas

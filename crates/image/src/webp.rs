@@ -135,10 +135,8 @@ fn encode_with(
                 Some(Encoder::WavefrontOneThread) => {
                     deepring_webp_encode_one_thread(&config, &mut picture)
                 }
-                #[cfg(test)]
-                Some(Encoder::LibwebpThreaded) | None => ffi::WebPEncode(&config, &mut picture),
-                #[cfg(not(test))]
-                None => ffi::WebPEncode(&config, &mut picture),
+                // libwebp's own: one thread (None) or, in tests, its threaded analysis.
+                _ => ffi::WebPEncode(&config, &mut picture),
             } != 0;
         }
         let bytes = (ok && !writer.mem.is_null())
