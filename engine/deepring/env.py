@@ -15,7 +15,7 @@ import tempfile
 from pathlib import Path
 
 KERNEL_BACKENDS = ("auto", "torch", "numba", "triton")
-GREEDY_HEADS = ("auto", "int8", "int8-fbgemm", "bf16", "fp16", "fp32")
+GREEDY_HEADS = ("auto", "int8", "int8-fbgemm", "int8-avx2", "bf16", "fp16", "fp32")
 
 
 def _raw(name: str) -> str | None:
@@ -76,7 +76,7 @@ def kernel_backend() -> str:
 def greedy_head() -> str:
     """DEEPRING_GREEDY_HEAD: the exact greedy LM head of fp32 CPU decoding (kernels.greedy_head):
     auto (the available heads timed on the model's head, the fastest per batch size:
-    kernels.greedy_choice) | int8 | int8-fbgemm | bf16 | fp16 | fp32. Every head gives the fp32
+    kernels.greedy_choice) | int8 | int8-fbgemm | int8-avx2 | bf16 | fp16 | fp32. Every head gives the fp32
     argmax."""
     return _choice("DEEPRING_GREEDY_HEAD", GREEDY_HEADS)
 

@@ -63,6 +63,7 @@ __all__ = [
     "UrlImageSource",
     "UserMessage",
     "WebSearchBehavior",
+    "_Int8Head",
     "__version__",
     "decode_rgb",
     "request_fields",
@@ -921,3 +922,26 @@ class MessagesResponse:
     @staticmethod
     def sse_done_data() -> str | None:
         """`None`: no final data message."""
+
+@final
+class _Int8Head:
+    """An int8 LM head weight laid out for the int8-avx2 greedy head's kernel (engine:
+    kernels/greedy_int8.py)."""
+
+    ROW_MAX: int
+    def __new__(cls, q: bytes, scales: bytes, vocab: int, k: int) -> _Int8Head: ...
+    @staticmethod
+    def has_avx2() -> bool:
+        """Whether this CPU runs the AVX2 kernel."""
+    @staticmethod
+    def on_openmp() -> bool:
+        """Whether parts run on torch's OpenMP (libgomp) team, not on threads of their own."""
+    def candidates(
+        self, yq: bytes, rows: int, x: bytes, a: bytes, threads: int
+    ) -> tuple[bytes, bytes, bytes, bytes, bytes]:
+        """Each row's candidates: yq rows x k int8 values in -ROW_MAX..=ROW_MAX, x their fp32
+        scales, a the fp64 bounds. Returns (best fp32 per row, lost uint8 per row, and per
+        candidate its row and token as uint32 and its approximate logit as fp32)."""
+    def logits(self, yq: bytes, rows: int, x: bytes, threads: int) -> bytes:
+        """Every approximate logit of each row: rows x vocab fp32, the vocabulary in `threads`
+        parts."""

@@ -3,7 +3,7 @@
 import pytest
 import torch
 from deepring.kernels import greedy as greedy_kernels
-from deepring.kernels import greedy_head, greedy_masked
+from deepring.kernels import greedy_head, greedy_int8, greedy_masked
 from deepring.kernels.dispatch import HAVE_NUMBA
 
 # One intra-op thread: the test models are tiny (overhead-bound), and a second OpenMP thread
@@ -90,6 +90,10 @@ _NO_FBGEMM_INT8 = pytest.mark.skipif(
     not greedy_head.cpu_int8_fbgemm(), reason="no fbgemm int8 linear in this torch"
 )
 _NO_FP16 = pytest.mark.skipif(not greedy_head.cpu_fp16_gemm(), reason="no fbgemm fp16 GEMM")
+# Our AVX2 int8 head (crates/kernels): on an x86 CPU without AVX2 (or another arch) it is absent.
+_NO_INT8_AVX2 = pytest.mark.skipif(
+    not greedy_int8.cpu_int8_avx2(), reason="no AVX2 for the int8-avx2 head's kernel"
+)
 
 
 @pytest.fixture(
@@ -104,6 +108,11 @@ _NO_FP16 = pytest.mark.skipif(not greedy_head.cpu_fp16_gemm(), reason="no fbgemm
         ),
         pytest.param(("fp16", "torch"), id="fp16-torch", marks=_NO_FP16),
         pytest.param(("fp16", "numba"), id="fp16-numba", marks=[_NO_FP16, _NO_NUMBA]),
+        # (settles in its own kernel; the masked settle of its approximate logits either way)
+        pytest.param(("int8-avx2", "torch"), id="int8-avx2-torch", marks=_NO_INT8_AVX2),
+        pytest.param(
+            ("int8-avx2", "numba"), id="int8-avx2-numba", marks=[_NO_INT8_AVX2, _NO_NUMBA]
+        ),
     ]
 )
 def kind(request, monkeypatch) -> str:

@@ -1,13 +1,15 @@
-"""The low-precision greedy heads (bf16, oneDNN int8, fbgemm int8 and fp16) against the fp32 argmax
-they stand for, and their error bounds against the kernels' actual output (kernels.greedy_head)."""
+"""The low-precision greedy heads (bf16, oneDNN int8, fbgemm int8, fp16 and our AVX2 int8) against
+the fp32 argmax they stand for, and their error bounds against the kernels' actual output
+(kernels.greedy_head, kernels.greedy_int8)."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
 from deepring.kernels import greedy as greedy_kernels
-from deepring.kernels import greedy_head
+from deepring.kernels import greedy_head, greedy_int8
 from deepring.kernels.dispatch import HAVE_NUMBA
 from deepring.kernels.greedy_head import GreedyHead
 
@@ -216,16 +218,22 @@ def test_a_bad_or_unavailable_head_choice_is_an_error(monkeypatch):
         greedy_head.head_setting()
     monkeypatch.setenv("DEEPRING_GREEDY_HEAD", "auto")
     assert greedy_head.head_setting() == "auto"
-    for name in ("cpu_int8_fbgemm", "cpu_fp16_gemm"):
+    for name in ("cpu_int8_fbgemm", "cpu_fp16_gemm", "cpu_int8_avx2"):
         monkeypatch.setattr(greedy_head, name, lambda: False)
     assert greedy_head.auto_candidates() == ("fp32", "bf16")  # no int8 without VNNI / AMX
-    for value, needs in (("int8-fbgemm", "fbgemm's int8"), ("fp16", "fbgemm's fp16")):
+    for value, needs in (
+        ("int8-fbgemm", "fbgemm's int8"),
+        ("fp16", "fbgemm's fp16"),
+        ("int8-avx2", "int8 head kernel and AVX2"),
+    ):
         monkeypatch.setenv("DEEPRING_GREEDY_HEAD", value)
         with pytest.raises(ValueError, match=needs):
             greedy_head.head_setting()
     monkeypatch.setattr(greedy_head, "cpu_fp16_gemm", lambda: True)
     monkeypatch.setattr(greedy_head, "cpu_int8_fbgemm", lambda: True)
     assert greedy_head.auto_candidates() == ("fp32", "bf16", "fp16", "int8-fbgemm")
+    monkeypatch.setattr(greedy_head, "cpu_int8_avx2", lambda: True)
+    assert greedy_head.auto_candidates()[-1] == "int8-avx2"
 
 
 @pytest.mark.parametrize("scale", [1e-3, 1.0, 100.0])  # (within fp16 range: the fp16 head)
@@ -317,3 +325,28 @@ def test_int8_quantisation_numba_equals_torch():
     zero = greedy_kernels.quantize_rows_numba(torch.zeros(2, 4), 0.25, 3.0)
     assert zero[1] == 1.0
     assert not zero[0].any()
+
+
+@pytest.mark.skipif(not greedy_int8.cpu_int8_avx2(), reason="no AVX2 for the int8-avx2 kernel")
+def test_int8_avx2_candidates_are_the_tokens_that_reach_the_threshold():
+    """The kernel's candidates through the binding against its own approximate logits: every
+    token within 2a of its row's best, for bounds from exact ties only to wide."""
+    g = torch.Generator().manual_seed(11)
+    w = torch.randn(3 * 1024 + 5, 40, generator=g)
+    y = torch.randn(19, 40, generator=g) * torch.logspace(-1, 1, 19)[:, None]
+    head = greedy_int8.Int8Avx2Logits(w)
+    q, x, a = head._quantize(y)
+    a = a.double() * torch.linspace(0, 30, 19, dtype=torch.double)
+    qb, xb = q.numpy().tobytes(), x.numpy().tobytes()
+    raw = head._head.logits(qb, 19, xb, 2)
+    approx = torch.frombuffer(bytearray(raw), dtype=torch.float32).view(19, -1)
+    best, lost, rows, tokens, values = head._head.candidates(qb, 19, xb, a.numpy().tobytes(), 2)
+    assert torch.equal(torch.frombuffer(bytearray(best), dtype=torch.float32), approx.amax(-1))
+    assert not any(lost)
+    r = torch.from_numpy(np.frombuffer(rows, np.uint32).astype(np.int64))
+    j = torch.from_numpy(np.frombuffer(tokens, np.uint32).astype(np.int64))
+    reach = approx.double() >= (approx.amax(-1).double() - 2 * a)[:, None]
+    assert torch.equal(torch.stack([r, j], 1), reach.nonzero())  # by row, then token
+    assert torch.equal(torch.frombuffer(bytearray(values), dtype=torch.float32), approx[r, j])
+    with pytest.raises(ValueError, match="row values"):
+        head._head.candidates(bytes([64]) * 40, 1, xb[:4], bytes(8), 1)

@@ -218,6 +218,22 @@ TYPES: dict[str, dict[str, Any]] = {
             "return": "MultiModalData",
         },
     },
+    # the engine's private kernel (crates/python/src/kernels.rs)
+    "_Int8Head": {
+        "__new__": {"q": "bytes", "scales": "bytes", "vocab": "int", "k": "int"},
+        "ROW_MAX": "int",
+        "has_avx2": {"return": "bool"},
+        "on_openmp": {"return": "bool"},
+        "candidates": {
+            "yq": "bytes",
+            "rows": "int",
+            "x": "bytes",
+            "a": "bytes",
+            "threads": "int",
+            "return": "tuple[bytes, bytes, bytes, bytes, bytes]",
+        },
+        "logits": {"yq": "bytes", "rows": "int", "x": "bytes", "threads": "int", "return": "bytes"},
+    },
     "Message": _MESSAGE,
     "SystemMessage": {"tools": "list[ToolDefinition] | None"},
     "Conversation": {

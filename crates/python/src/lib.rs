@@ -6,7 +6,7 @@
 //!
 //! Module order (each module uses only modules before it): errors, json, enums, detach,
 //! tokenizer, special_tokens, tool, image, resolver, message, conversation, encoding, options, response,
-//! echo, stream, request.
+//! echo, stream, request; kernels (the engine's, private) stands apart.
 
 use pyo3::prelude::*;
 
@@ -23,6 +23,7 @@ mod enums;
 mod errors;
 mod image;
 mod json;
+mod kernels;
 mod message;
 mod options;
 mod request;
@@ -53,5 +54,6 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     request::register_responses(m)?;
     stream::register(m)?;
     response::register(m)?;
+    kernels::register(m)?;
     Ok(())
 }

@@ -34,6 +34,9 @@ the approximate logit l_j (rounded to bf16 on output) satisfies |l_j - y.w_j| <=
   holds whether the kernel reads y or y16. It needs no int8 or bf16 instructions (AVX2 and
   F16C): the fast head of CPUs without VNNI, AMX or native bf16, where it reads half the fp32
   head's bytes and runs the same FMAs.
+- int8-avx2 (our AVX2 kernel, kernels.greedy_int8): w' as for int8, each row quantised to 7 bits
+  with a scale of its own; the int8-fbgemm bound row by row, and no output rounding (the kernel
+  returns the candidates themselves, not logits).
 """
 
 from __future__ import annotations
@@ -50,6 +53,7 @@ from deepring.kernels.dispatch import use_numba
 from deepring.kernels.greedy import quantize_rows, settle
 from deepring.kernels.greedy_choice import HeadChoice, measure
 from deepring.kernels.greedy_choice_cache import cached_choice
+from deepring.kernels.greedy_int8 import Int8Avx2Logits, cpu_int8_avx2
 from deepring.kernels.greedy_masked import masked_settle, walk_settle
 
 # The bound is itself computed in fp32; a margin far above those roundings keeps it an upper bound.
@@ -120,6 +124,10 @@ def head_setting() -> str:
         raise ValueError(
             "DEEPRING_GREEDY_HEAD=int8-fbgemm needs fbgemm's int8 linear (an x86 torch)"
         )
+    if choice == "int8-avx2" and not cpu_int8_avx2():
+        raise ValueError(
+            "DEEPRING_GREEDY_HEAD=int8-avx2 needs deepring_recipe's int8 head kernel and AVX2"
+        )
     if choice == "fp16" and not cpu_fp16_gemm():
         raise ValueError("DEEPRING_GREEDY_HEAD=fp16 needs fbgemm's fp16 GEMM (an x86 torch)")
     return choice
@@ -129,9 +137,11 @@ def auto_candidates() -> tuple[str, ...]:
     """The heads `auto` measures: fp32 and bf16 always (bf16 also pays where the CPU emulates
     it: it halves the bytes read when few rows make the head read-bound), fp16 and int8-fbgemm
     where fbgemm is in the build (any x86 CPU), int8 where the CPU has int8 dot products (VNNI or
-    AMX; elsewhere oneDNN's int8 linear is far slower)."""
+    AMX; elsewhere oneDNN's int8 linear is far slower), int8-avx2 where our kernel runs (AVX2:
+    kernels.greedy_int8)."""
     kinds = ("fp32", "bf16") + (("fp16",) if cpu_fp16_gemm() else ())
     kinds += ("int8-fbgemm",) if cpu_int8_fbgemm() else ()
+    kinds += ("int8-avx2",) if cpu_int8_avx2() else ()
     return kinds + (("int8",) if cpu_int8_is_fast() else ())
 
 
@@ -277,6 +287,7 @@ _KINDS = {
     "bf16": _Bf16Logits,
     "int8": _Int8Logits,
     "int8-fbgemm": _Int8FbgemmLogits,
+    "int8-avx2": Int8Avx2Logits,
     "fp16": _Fp16Logits,
 }
 
@@ -294,7 +305,8 @@ class GreedyHead:
         # The last call's approximate logits, bounds and rows, kept for `MaskedGreedy`: a
         # grammar-constrained row whose argmax its grammar refuses is settled again from them
         # under its mask instead of paying for its whole fp32 logits row.
-        self.last: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+        # (int8-avx2, which settles without them, keeps a function that computes them.)
+        self.last: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | Callable | None = None
 
     def prepare(self, w: torch.Tensor) -> None:
         key = (w.data_ptr(), w._version)
@@ -306,6 +318,15 @@ class GreedyHead:
         """argmax_j (y @ w.T)[r, j] in fp32 for each row r (first maximum); y: [R, K]."""
         self.prepare(w)
         y = y.float()
+        if isinstance(self._logits, Int8Avx2Logits):
+            # Settled inside; its approximate logits are computed only if a grammar refuses a
+            # row's argmax (MaskedGreedy), not in every step.
+            idx = self._logits.argmax(y, w, _MARGIN)
+            if idx is None:  # a non-finite row
+                self.last = None
+                return F.linear(y, w.float()).argmax(-1)
+            self.last = functools.partial(_with_margin, self._logits, y)
+            return idx
         logits = self._logits(y)
         if logits is None:  # a non-finite row: no bound holds, the plain path says what fp32 does
             self.last = None
@@ -313,6 +334,13 @@ class GreedyHead:
         approx, a = logits
         self.last = (approx, a * _MARGIN, y)
         return settle(approx, self.last[1], y, w)
+
+
+def _with_margin(logits: Callable, y: torch.Tensor) -> tuple | None:
+    """GreedyHead.last of a head that settles inside: its approximate logits of y, with the bound
+    widened as `argmax` widens it."""
+    approx, a = logits(y)
+    return approx, a * _MARGIN, y
 
 
 class MaskedGreedy:
@@ -324,8 +352,28 @@ class MaskedGreedy:
     WALK = 64
 
     def __init__(self, last, w: torch.Tensor) -> None:
-        self.approx, self.a, self.y = last
+        # (approx, a, y), or a function that computes them when first needed
+        self._last = last
         self.w = w
+
+    def _resolve(self) -> None:
+        if callable(self._last):
+            self._last = self._last()
+
+    @property
+    def approx(self) -> torch.Tensor:
+        self._resolve()
+        return self._last[0]
+
+    @property
+    def a(self) -> torch.Tensor:
+        self._resolve()
+        return self._last[1]
+
+    @property
+    def y(self) -> torch.Tensor:
+        self._resolve()
+        return self._last[2]
 
     def __call__(self, rows: list[int], words: np.ndarray, limit: int) -> list:
         """Each row's fp32 argmax among the tokens its packed mask allows (words [len(rows),
