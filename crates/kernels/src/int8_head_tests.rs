@@ -184,25 +184,3 @@ fn thresholds_never_round_up() {
     }
     assert_eq!(f32_at_most(0.5), 0.5);
 }
-
-#[test]
-#[ignore]
-fn timing() {
-    let (vocab, k, n) = (129_281, 128, 32);
-    let c = case(9, vocab, k, n);
-    let a = vec![0.05f64; n];
-    for threads in [1, 2] {
-        let mut best = f64::MAX;
-        for _ in range(0, 10) {
-            let t = std::time::Instant::now();
-            let f = c.head.candidates(&c.yq, n, &c.x, &a, threads).unwrap();
-            best = best.min(t.elapsed().as_secs_f64());
-            std::hint::black_box(f);
-        }
-        eprintln!("threads {threads}: {:.3} ms", best * 1e3);
-    }
-}
-
-fn range(a: usize, b: usize) -> std::ops::Range<usize> {
-    a..b
-}
