@@ -83,14 +83,15 @@ def test_dispatch_picks_numba_for_cpu_fp32_unless_told_torch(monkeypatch):
 
 def test_whole_model_numba_equals_torch(monkeypatch):
     """The model's forward with the numba kernels equals the reference path for a chunked
-    prefill and batched decode steps (CSA, HCA and sliding layers)."""
+    prefill and batched decode steps (CSA, HCA and sliding layers), and so does every cache it
+    leaves (window rings, compressed and index entries, compressor tail states)."""
     from deepring.model.batch import SeqChunk
     from v4_helpers import model_config, ours, pool_for, step
 
     model = ours(model_config("swa-csa-hca"), seed=3)
     ids = torch.randint(0, 512, (60,), generator=torch.Generator().manual_seed(0)).tolist()
 
-    def run(backend: str) -> torch.Tensor:
+    def run(backend: str) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         with kernels(monkeypatch, backend):
             pool = pool_for(model, num_blocks=12, num_slots=3, block_size=16)
             tables = [[1, 2, 3], [4, 5, 6], [7, 8, 9]]
@@ -113,9 +114,20 @@ def test_whole_model_numba_equals_torch(monkeypatch):
                     for s in range(3)
                 ]
                 out.append(step(model, pool, chunks))
-            return torch.cat(out)
+            caches = {
+                f"{i}.{name}": t
+                for i, layer in enumerate(pool.layers)
+                for name, t in vars(layer).items()
+                if isinstance(t, torch.Tensor)
+            }
+            return torch.cat(out), caches
 
-    torch.testing.assert_close(run("numba"), run("torch"), atol=1e-4, rtol=0)
+    (logits, caches), (ref_logits, ref_caches) = run("numba"), run("torch")
+    torch.testing.assert_close(logits, ref_logits, atol=1e-4, rtol=0)
+    assert caches.keys() == ref_caches.keys()
+    assert any(".comp" in k for k in caches)
+    for name, t in caches.items():
+        torch.testing.assert_close(t, ref_caches[name], atol=1e-5, rtol=1e-5, msg=name)
 
 
 @pytest.mark.parametrize("shape", [(1, 8), (33, 4, 16), (300, 64), (0, 8)])
