@@ -76,8 +76,8 @@ def kernel_backend() -> str:
 def greedy_head() -> str:
     """DEEPRING_GREEDY_HEAD: the exact greedy LM head of fp32 CPU decoding (kernels.greedy_head):
     auto (the available heads timed on the model's head, the fastest per batch size:
-    kernels.greedy_choice) | int8 | int8-fbgemm | int8-avx2 | bf16 | fp16 | fp32. Every head gives the fp32
-    argmax."""
+    kernels.greedy_choice) | int8 | int8-fbgemm | int8-avx2 | bf16 | fp16 | fp32. Every head
+    gives the fp32 argmax."""
     return _choice("DEEPRING_GREEDY_HEAD", GREEDY_HEADS)
 
 

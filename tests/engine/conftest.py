@@ -108,7 +108,7 @@ _NO_INT8_AVX2 = pytest.mark.skipif(
         ),
         pytest.param(("fp16", "torch"), id="fp16-torch", marks=_NO_FP16),
         pytest.param(("fp16", "numba"), id="fp16-numba", marks=[_NO_FP16, _NO_NUMBA]),
-        # (settles in its own kernel; the masked settle of its approximate logits either way)
+        # (its candidates' settle and the masked settle of its approximate logits either way)
         pytest.param(("int8-avx2", "torch"), id="int8-avx2-torch", marks=_NO_INT8_AVX2),
         pytest.param(
             ("int8-avx2", "numba"), id="int8-avx2-numba", marks=[_NO_INT8_AVX2, _NO_NUMBA]
@@ -125,4 +125,6 @@ def kind(request, monkeypatch) -> str:
     # The masked settle (grammar-constrained rows): its numba kernel or the torch path.
     monkeypatch.setattr(greedy_masked, "use_numba", lambda *_: impl == "numba")
     monkeypatch.setattr(greedy_masked, "settle", getattr(greedy_kernels, f"settle_{impl}"))
+    # int8-avx2's settle of its candidates: its numba kernel or torch ops.
+    monkeypatch.setattr(greedy_int8, "use_numba", lambda *_: impl == "numba")
     return kind

@@ -350,3 +350,33 @@ def test_int8_avx2_candidates_are_the_tokens_that_reach_the_threshold():
     assert torch.equal(torch.frombuffer(bytearray(values), dtype=torch.float32), approx[r, j])
     with pytest.raises(ValueError, match="row values"):
         head._head.candidates(bytes([64]) * 40, 1, xb[:4], bytes(8), 1)
+
+
+@pytest.mark.skipif(not HAVE_NUMBA, reason="numba is not installed")
+@pytest.mark.skipif(not greedy_int8.cpu_int8_avx2(), reason="no AVX2 for the int8-avx2 kernel")
+def test_int8_avx2_row_quantisation_numba_equals_torch(monkeypatch):
+    """The numba quantisation against the torch path's: the same scales up to the last bit
+    (numba may divide through a reciprocal), the same values wherever the rounding is not
+    within that bit of a half, and the bound from its own values as the torch path computes it
+    from them."""
+    g = torch.Generator().manual_seed(12)
+    head = greedy_int8.Int8Avx2Logits(torch.randn(300, 40, generator=g))
+    y = torch.randn(7, 40, generator=g) * torch.logspace(-2, 2, 7)[:, None]
+    y[3] = 0.0  # scale 1, every value 0
+    q, x, a = head._quantize(y)
+    monkeypatch.setattr(greedy_int8, "use_numba", lambda *_: False)
+    q_t, x_t, _ = head._quantize(y)
+    torch.testing.assert_close(x, x_t, rtol=2.0**-23, atol=0)
+    assert x[3] == 1.0
+    assert int((q.int() - q_t.int()).abs().max()) <= 1
+    assert float((q != q_t).float().mean()) < 0.01
+    lp = q.float() * x[:, None]
+    r = torch.linalg.vector_norm(y - lp, dim=-1)
+    res_term = head.res_max + 2.0**-20 * head.lp_max
+    want = (torch.linalg.vector_norm(y, dim=-1) + r) * res_term + r * head.w_max
+    torch.testing.assert_close(a, want, rtol=1e-5, atol=0)
+    for bad in (float("inf"), float("nan")):
+        y[2, 5] = bad
+        for numba in (True, False):
+            monkeypatch.setattr(greedy_int8, "use_numba", lambda *_, n=numba: n)
+            assert head._quantize(y) is None

@@ -26,6 +26,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from deepring.kernels.dispatch import cpu_kernel, use_numba, weight_array
+
 ROW_MAX = 63  # the kernel's _Int8Head.ROW_MAX (checked at construction)
 
 
@@ -53,6 +55,60 @@ def _array(raw: bytes, dtype) -> np.ndarray:
     return np.frombuffer(raw, dtype)
 
 
+@cpu_kernel
+def _quantize_kernel(y, res_term, w_max, q, x, a):
+    """Int8Avx2Logits._quantize's torch path in one pass per row; False for a non-finite y."""
+    n, k = y.shape
+    rt = np.float32(res_term)
+    wm = np.float32(w_max)
+    for r in range(n):
+        top = np.float32(0.0)
+        bad = np.float32(0.0)
+        for i in range(k):
+            bad += y[r, i] * np.float32(0.0)  # NaN once any value is inf or NaN
+            top = max(top, abs(y[r, i]))
+        if bad != 0.0 or not np.isfinite(top):
+            return False
+        s = top / np.float32(ROW_MAX) if top > 0 else np.float32(1.0)
+        x[r] = s
+        y_ss = np.float32(0.0)
+        res_ss = np.float32(0.0)
+        for i in range(k):
+            qi = min(max(np.round(y[r, i] / s), np.float32(-ROW_MAX)), np.float32(ROW_MAX))
+            q[r, i] = np.int8(qi)
+            d = y[r, i] - qi * s
+            y_ss += y[r, i] * y[r, i]
+            res_ss += d * d
+        res = np.sqrt(res_ss)
+        a[r] = (np.sqrt(y_ss) + res) * rt + res * wm
+    return True
+
+
+@cpu_kernel
+def _settle_kernel(rows, tokens, y, w, idx):
+    """idx[r] = the candidate of row r with the largest fp32 logit (lowest id on ties); rows with
+    no candidate (or only non-finite logits) keep the value idx held."""
+    best = np.full(idx.shape[0], -np.inf, np.float32)
+    for c in range(rows.shape[0]):
+        r, j = rows[c], tokens[c]
+        exact = np.float32(0.0)
+        for i in range(y.shape[1]):
+            exact += w[j, i] * y[r, i]
+        if exact > best[r] or (exact == best[r] and j < idx[r]):
+            best[r] = exact
+            idx[r] = j
+
+
+def _settle_torch(r: np.ndarray, j: np.ndarray, y: torch.Tensor, w: torch.Tensor, idx) -> None:
+    """_settle_kernel by torch ops."""
+    r = torch.from_numpy(r.astype(np.int64))
+    j = torch.from_numpy(j.astype(np.int64))
+    exact = (w.index_select(0, j) * y.index_select(0, r)).sum(-1)
+    top = torch.full((y.shape[0],), float("-inf")).scatter_reduce(0, r, exact, "amax")
+    win = exact == top[r]
+    idx.scatter_reduce_(0, r[win], j[win], "amin")
+
+
 class Int8Avx2Logits:
     """The int8-avx2 head's weight copy. `argmax` settles rows through the kernel's candidates;
     calling it gives the approximate logits themselves (rows a grammar constrains, and the
@@ -76,13 +132,20 @@ class Int8Avx2Logits:
     def _quantize(self, y: torch.Tensor):
         """(int8 rows [R, K], their scales x [R] fp32, the bound a per row), or None for a
         non-finite y."""
+        res_term = self.res_max + 2.0**-20 * self.lp_max
+        if use_numba(y):
+            y = y.contiguous()
+            q = torch.empty(y.shape, dtype=torch.int8)
+            x, a = torch.empty(y.shape[0]), torch.empty(y.shape[0])
+            ok = _quantize_kernel(y.numpy(), res_term, self.w_max, q.numpy(), x.numpy(), a.numpy())
+            return (q, x, a) if ok else None
         if not bool(torch.isfinite(y).all()):
             return None
         top = y.abs().amax(-1)
         x = torch.where(top > 0, top / ROW_MAX, torch.ones_like(top))  # fp32, as used below
         q = torch.round(y / x[:, None]).clamp_(-ROW_MAX, ROW_MAX)
         r = _row_norm(y - q * x[:, None])
-        a = (_row_norm(y) + r) * (self.res_max + 2.0**-20 * self.lp_max) + r * self.w_max
+        a = (_row_norm(y) + r) * res_term + r * self.w_max
         return q.to(torch.int8), x, a
 
     def __call__(self, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
@@ -113,15 +176,13 @@ class Int8Avx2Logits:
         )  # fmt: skip
         # Logits past fp32's range, or too many candidates (a loose bound): the plain GEMM.
         plain |= ~np.isfinite(_array(best, np.float32)) | (_array(lost, np.uint8) != 0)
-        r = torch.from_numpy(_array(rows, np.uint32).astype(np.int64))
-        j = torch.from_numpy(_array(tokens, np.uint32).astype(np.int64))
         # Usually a few candidates per row; their fp32 logits decide (lowest id on ties).
-        exact = (w.index_select(0, j) * y.index_select(0, r)).sum(-1)
-        top = torch.full((n,), float("-inf")).scatter_reduce(0, r, exact, "amax")
-        win = exact == top[r]
-        idx = torch.full((n,), self.vocab, dtype=torch.long).scatter_reduce(
-            0, r[win], j[win], "amin"
-        )
+        r, j = _array(rows, np.uint32), _array(tokens, np.uint32)
+        idx = torch.full((n,), self.vocab, dtype=torch.long)
+        if use_numba(y) and w.dtype == torch.float32:
+            _settle_kernel(r, j, y.contiguous().numpy(), weight_array(w), idx.numpy())
+        else:
+            _settle_torch(r, j, y, w, idx)
         redo = torch.from_numpy(plain) | (idx == self.vocab)
         if bool(redo.any()):
             idx[redo] = F.linear(y[redo], w).argmax(-1)
