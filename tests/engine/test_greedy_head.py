@@ -341,6 +341,10 @@ def test_int8_avx2_candidates_are_the_tokens_that_reach_the_threshold():
     raw = head._head.logits(qb, 19, xb, 2)
     approx = torch.frombuffer(bytearray(raw), dtype=torch.float32).view(19, -1)
     best, lost, rows, tokens, values = head._head.candidates(qb, 19, xb, a.numpy().tobytes(), 2)
+    # One part, and three (on torch's OpenMP team where this torch loaded libgomp), agree.
+    for threads in (1, 3):
+        again = head._head.candidates(qb, 19, xb, a.numpy().tobytes(), threads)
+        assert again == (best, lost, rows, tokens, values)
     assert torch.equal(torch.frombuffer(bytearray(best), dtype=torch.float32), approx.amax(-1))
     assert not any(lost)
     r = torch.from_numpy(np.frombuffer(rows, np.uint32).astype(np.int64))
