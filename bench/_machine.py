@@ -36,6 +36,11 @@ def _cpuinfo() -> tuple[str, set[str]]:
     return model or platform.machine(), flags
 
 
+def isa() -> set[str]:
+    """The README names of the ISA extensions this CPU has (the keys' values of _ISA)."""
+    return {name for flag, name in _ISA.items() if flag in _cpuinfo()[1]}
+
+
 def describe() -> str:
     model, flags = _cpuinfo()
     isa = [name for flag, name in _ISA.items() if flag in flags] or ["no AVX2"]

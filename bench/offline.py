@@ -3,8 +3,8 @@
 CPU (default): the embedded tiny model, greedy, `--prompt-len` prompt tokens and `--new-tokens`
 generated tokens per request, at each batch size; tokens/s = generated tokens / wall time
 (prefill included) and the ratio ours / transformers, against the targets (1.5x at batch 1, 5x
-at batch 32). Also the KV-cache bytes per token of the real DeepSeek-V4-Flash config against a
-plain full-attention cache.
+at batch 32; 4x at batch 32 on CPUs with AVX2 and FMA only, issue 25). Also the KV-cache bytes
+per token of the real DeepSeek-V4-Flash config against a plain full-attention cache.
 
 --model v41-tiny: the embedded V4.1 against the V4 `tiny` of the same width (hidden 128, 4
 heads of 64) on the same prompts: tokens/s at each batch size, prefill time per prompt token
@@ -29,10 +29,19 @@ import time
 from pathlib import Path
 
 import torch
-from _machine import describe
+from _machine import describe, isa
 
 OUT = Path(__file__).parent / "out"
+# Batch size -> the target ratio against transformers. On CPUs without AVX-512, VNNI or AMX
+# (AVX2 and FMA only) the batch-32 target is 4x (issue 25: the int8 and bf16 dot products the
+# faster CPUs have are missing there, for transformers' GEMMs as well as ours).
 TARGETS = {1: 1.5, 32: 5.0}
+TARGETS_AVX2_ONLY = {1: 1.5, 32: 4.0}
+_WIDE = {"AVX-512", "AVX512-VNNI", "AVX-VNNI", "AVX512-BF16", "AMX"}
+
+
+def targets() -> dict[int, float]:
+    return TARGETS if isa() & _WIDE else TARGETS_AVX2_ONLY
 
 
 def hf_twin(model):
@@ -190,7 +199,7 @@ def _kv_bytes(layout) -> tuple[float, int]:
 def _fmt_row(r: dict) -> str:
     s = f"batch {r['batch']:>3}: ours {r['ours_s']:7.2f}s {r['ours_tps']:8.1f} tok/s"
     if "hf_s" in r:
-        tgt = TARGETS.get(r["batch"])
+        tgt = targets().get(r["batch"])
         verdict = (
             "" if tgt is None else f"  target {tgt}x: {'met' if r['ratio'] >= tgt else 'NOT met'}"
         )
