@@ -228,18 +228,26 @@ def quantize_rows_torch(
 
 
 @cpu_kernel
+def finite_absmax(row):
+    """max |row| of a 1-D fp32 row, or -1 when it holds an inf or a NaN."""
+    top = np.float32(0.0)
+    bad = np.float32(0.0)
+    for i in range(row.shape[0]):
+        bad += row[i] * np.float32(0.0)  # NaN once any value is inf or NaN
+        top = max(top, abs(row[i]))
+    return np.float32(-1.0) if bad != 0.0 or not np.isfinite(top) else top
+
+
+@cpu_kernel
 def _quantize_kernel(y, res_term, w_max, q, a):
     """quantize_rows_torch in two passes over y; returns the scale, or -1 for non-finite y."""
     n, k = y.shape
     top = np.float32(0.0)
-    bad = np.float32(0.0)
     for r in range(n):
-        for i in range(k):
-            v = y[r, i]
-            bad += v * np.float32(0.0)  # NaN once any value is inf or NaN
-            top = max(top, abs(v))
-    if bad != 0.0 or not np.isfinite(top):
-        return np.float32(-1.0)
+        t = finite_absmax(y[r])
+        if t < 0:
+            return np.float32(-1.0)
+        top = max(top, t)
     x = top / np.float32(127.0) if top > 0 else np.float32(1.0)
     rt = np.float32(res_term)
     wm = np.float32(w_max)

@@ -27,6 +27,7 @@ import torch
 import torch.nn.functional as F
 
 from deepring.kernels.dispatch import cpu_kernel, use_numba, weight_array
+from deepring.kernels.greedy import finite_absmax
 
 ROW_MAX = 63  # the kernel's _Int8Head.ROW_MAX (checked at construction)
 
@@ -62,12 +63,8 @@ def _quantize_kernel(y, res_term, w_max, q, x, a):
     rt = np.float32(res_term)
     wm = np.float32(w_max)
     for r in range(n):
-        top = np.float32(0.0)
-        bad = np.float32(0.0)
-        for i in range(k):
-            bad += y[r, i] * np.float32(0.0)  # NaN once any value is inf or NaN
-            top = max(top, abs(y[r, i]))
-        if bad != 0.0 or not np.isfinite(top):
+        top = finite_absmax(y[r])
+        if top < 0:
             return False
         s = top / np.float32(ROW_MAX) if top > 0 else np.float32(1.0)
         x[r] = s
