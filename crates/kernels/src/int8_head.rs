@@ -112,6 +112,11 @@ fn f32_at_most(t: f64) -> f32 {
     f32::from_bits(if f > 0.0 { bits - 1 } else { bits + 1 })
 }
 
+/// The final threshold a row's candidates reach: best - 2a, in f64.
+fn threshold(best: f32, a: f64) -> f64 {
+    best as f64 - 2.0 * a
+}
+
 /// One row's search within one part of the vocabulary.
 #[derive(Clone)]
 struct RowState {
@@ -132,7 +137,7 @@ impl RowState {
     }
 
     fn threshold(&self) -> f64 {
-        self.best as f64 - 2.0 * self.a
+        threshold(self.best, self.a)
     }
 
     /// Token j's value reached `thr` (this row's kernel threshold): keep it, raise the
@@ -203,10 +208,6 @@ impl Int8Head {
         self.vocab
     }
 
-    pub fn k(&self) -> usize {
-        self.k
-    }
-
     /// The portable loop even where AVX2 is present (tests compare the two).
     pub fn force_portable(&mut self) {
         self.avx2 = false;
@@ -274,15 +275,12 @@ impl Int8Head {
         threads: usize,
     ) -> Result<Found, KernelError> {
         let rows = self.rows(yq, n, x, a)?;
-        let parts = threads.clamp(1, self.vocab.div_ceil(CHUNK));
-        let per = self.vocab.div_ceil(parts).div_ceil(CHUNK) * CHUNK;
-        let results: Vec<std::sync::Mutex<Vec<RowState>>> = (0..parts)
+        let spans = self.spans(threads);
+        let results: Vec<std::sync::Mutex<Vec<RowState>>> = (0..spans.len())
             .map(|_| std::sync::Mutex::new(Vec::new()))
             .collect();
-        let ok = parts::run(parts, &|p| {
-            let j0 = (p * per).min(self.vocab);
-            let j1 = (j0 + per).min(self.vocab);
-            let states = self.scan(&rows, j0, j1);
+        let ok = parts::run(spans.len(), &|p| {
+            let states = self.scan(&rows, spans[p].start, spans[p].end);
             if let Ok(mut slot) = results[p].lock() {
                 *slot = states;
             }
@@ -306,7 +304,7 @@ impl Int8Head {
             if lost {
                 continue;
             }
-            let t = best as f64 - 2.0 * a[r];
+            let t = threshold(best, a[r]);
             for (j, v) in parts.iter().flat_map(|s| s[r].found.iter()) {
                 if *v as f64 >= t {
                     found.rows.push(r as u32);
@@ -321,11 +319,8 @@ impl Int8Head {
     /// Tokens j0 .. j1 for every row: each row's search state.
     fn scan(&self, rows: &Rows, j0: usize, j1: usize) -> Vec<RowState> {
         let mut states: Vec<RowState> = rows.a.iter().map(|&a| RowState::new(a)).collect();
-        let mut thr: Vec<[f32; BLOCK_ROWS]> = rows
-            .act
-            .iter()
-            .enumerate()
-            .map(|(b, _)| {
+        let mut thr: Vec<[f32; BLOCK_ROWS]> = (0..rows.act.len())
+            .map(|b| {
                 let mut t = [f32::INFINITY; BLOCK_ROWS];
                 for (l, v) in t.iter_mut().enumerate() {
                     if b * BLOCK_ROWS + l < rows.n {
@@ -404,12 +399,10 @@ impl Int8Head {
     ) -> Result<Vec<f32>, KernelError> {
         let rows = self.rows(yq, n, x, &vec![0.0; n])?;
         let mut out = vec![0f32; n * self.vocab];
-        let parts = threads.clamp(1, self.vocab.div_ceil(CHUNK));
-        let per = self.vocab.div_ceil(parts).div_ceil(CHUNK) * CHUNK;
+        let spans = self.spans(threads);
         let base = SharedOut(out.as_mut_ptr());
-        let ok = parts::run(parts, &|p| {
-            let j0 = (p * per).min(self.vocab);
-            let j1 = (j0 + per).min(self.vocab);
+        let ok = parts::run(spans.len(), &|p| {
+            let (j0, j1) = (spans[p].start, spans[p].end);
             for (b, act) in rows.act.iter().enumerate() {
                 let r0 = b * BLOCK_ROWS;
                 let block = self.block(&rows, act, r0);
@@ -425,6 +418,15 @@ impl Int8Head {
             return fail("a part of the int8 head's logits failed".to_string());
         }
         Ok(out)
+    }
+
+    /// The vocabulary cut into up to `threads` runs of whole chunks, one per part.
+    fn spans(&self, threads: usize) -> Vec<std::ops::Range<usize>> {
+        let parts = threads.clamp(1, self.vocab.div_ceil(CHUNK));
+        let per = self.vocab.div_ceil(parts).div_ceil(CHUNK) * CHUNK;
+        (0..parts)
+            .map(|p| (p * per).min(self.vocab)..((p + 1) * per).min(self.vocab))
+            .collect()
     }
 
     fn block<'a>(&self, rows: &'a Rows, act: &'a [i8], r0: usize) -> Block<'a> {

@@ -227,6 +227,26 @@ def quantize_rows_torch(
     return q.to(torch.int8), float(x), a
 
 
+def row_norm(x: torch.Tensor) -> torch.Tensor:
+    return torch.linalg.vector_norm(x, dim=-1)
+
+
+def weight_norms(w: torch.Tensor, lp: torch.Tensor) -> tuple[float, float, float]:
+    """max_j ||w_j||, max_j ||w'_j|| and max_j ||w_j - w'_j|| for the greedy heads' bounds
+    (kernels.greedy_head's docstring); lp: the low-precision stand-in w' in fp32."""
+    return float(row_norm(w).max()), float(row_norm(lp).max()), float(row_norm(w - lp).max())
+
+
+def int8_weight(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, tuple[float, float, float]]:
+    """The int8 heads' weight: each vocabulary row scaled to -127..127 (s_j = max|w_j| / 127, 1
+    for an all-zero row): the values q (fp32, integral), the scales s, and weight_norms of
+    w' = s_j q_j."""
+    scale = w.abs().amax(-1) / 127
+    scale = torch.where(scale > 0, scale, torch.ones_like(scale))  # an all-zero row
+    q = torch.round(w / scale[:, None]).clamp_(-127, 127)
+    return q, scale, weight_norms(w, q * scale[:, None])
+
+
 @cpu_kernel
 def finite_absmax(row):
     """max |row| of a 1-D fp32 row, or -1 when it holds an inf or a NaN."""

@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -50,7 +51,7 @@ import torch.nn.functional as F
 
 from deepring import env
 from deepring.kernels.dispatch import use_numba
-from deepring.kernels.greedy import quantize_rows, settle
+from deepring.kernels.greedy import int8_weight, quantize_rows, row_norm, settle, weight_norms
 from deepring.kernels.greedy_choice import HeadChoice, measure
 from deepring.kernels.greedy_choice_cache import cached_choice
 from deepring.kernels.greedy_int8 import Int8Avx2Logits, cpu_int8_avx2
@@ -145,20 +146,6 @@ def auto_candidates() -> tuple[str, ...]:
     return kinds + (("int8",) if cpu_int8_is_fast() else ())
 
 
-def _row_norm(x: torch.Tensor) -> torch.Tensor:
-    return torch.linalg.vector_norm(x, dim=-1)
-
-
-def _weight_norms(w: torch.Tensor, lp: torch.Tensor) -> tuple[float, float, float]:
-    """max_j ||w_j||, max_j ||w'_j|| and max_j ||w_j - w'_j|| for the bound (module docstring);
-    lp: the low-precision stand-in w' in fp32."""
-    return (
-        float(_row_norm(w).max()),
-        float(_row_norm(lp).max()),
-        float(_row_norm(w - lp).max()),
-    )
-
-
 def _packed_gemm(w16: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
     """x -> x @ w16.T. oneDNN reorders a plain weight into its blocked layout on every call,
     which for an LM head costs more than the GEMM (ad-hoc timing on the 2-core dev machine,
@@ -182,7 +169,7 @@ class _Bf16Logits:
 
     def __init__(self, w: torch.Tensor) -> None:
         w16 = w.to(torch.bfloat16)
-        self.w_max, self.lp_max, self.res_max = _weight_norms(w, w16.float())
+        self.w_max, self.lp_max, self.res_max = weight_norms(w, w16.float())
         self._gemm = _packed_gemm(w16)
 
     def __call__(self, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
@@ -191,9 +178,9 @@ class _Bf16Logits:
             return None
         y16 = y.to(torch.bfloat16)
         y16f = y16.float()
-        lp_n = _row_norm(y16f)
+        lp_n = row_norm(y16f)
         arith = y.shape[1] * 2.0**-23 * self.lp_max
-        a = lp_n * (self.res_max + arith) + _row_norm(y - y16f) * self.w_max
+        a = lp_n * (self.res_max + arith) + row_norm(y - y16f) * self.w_max
         return self._gemm(y16), a
 
 
@@ -204,10 +191,7 @@ class _Int8Logits:
     for the pre-packed bf16 GEMM, with the caches cold as they are in a decode step."""
 
     def __init__(self, w: torch.Tensor) -> None:
-        scale = w.abs().amax(-1) / 127
-        scale = torch.where(scale > 0, scale, torch.ones_like(scale))  # an all-zero row
-        q = torch.round(w / scale[:, None]).clamp_(-127, 127)
-        self.w_max, self.lp_max, self.res_max = _weight_norms(w, q * scale[:, None])
+        q, scale, (self.w_max, self.lp_max, self.res_max) = int8_weight(w)
         self._scale = scale.contiguous()
         self._zero = torch.zeros(w.shape[0], dtype=torch.long)
         self._packed = torch.ops.onednn.qlinear_prepack(q.to(torch.int8), None)
@@ -231,15 +215,15 @@ class _Fp16Logits:
     def __init__(self, w: torch.Tensor) -> None:
         if not bool(torch.isfinite(w).all()) or float(w.abs().max()) >= FP16_MAX:
             raise ValueError("the fp16 greedy head needs a finite weight within fp16's range")
-        self.w_max, self.lp_max, self.res_max = _weight_norms(w, w.half().float())
+        self.w_max, self.lp_max, self.res_max = weight_norms(w, w.half().float())
         self._packed = torch.ops.quantized.linear_prepack_fp16(w.contiguous(), None)
 
     def __call__(self, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
         if not bool(torch.isfinite(y).all()) or float(y.abs().max()) >= FP16_MAX:
             return None  # (a row past fp16's range: the plain path)
-        d = _row_norm(y - y.half().float())
+        d = row_norm(y - y.half().float())
         arith = y.shape[1] * 2.0**-23 * self.lp_max
-        a = (_row_norm(y) + d) * (self.res_max + arith) + d * self.w_max
+        a = (row_norm(y) + d) * (self.res_max + arith) + d * self.w_max
         approx = torch.ops.quantized.linear_dynamic_fp16(y.contiguous(), self._packed)
         return approx.to(torch.bfloat16), a
 
@@ -250,10 +234,7 @@ class _Int8FbgemmLogits:
     one scale; output rounded to bf16 for the settle."""
 
     def __init__(self, w: torch.Tensor) -> None:
-        scale = w.abs().amax(-1) / 127
-        scale = torch.where(scale > 0, scale, torch.ones_like(scale))  # an all-zero row
-        q = torch.round(w / scale[:, None]).clamp_(-127, 127)
-        self.w_max, self.lp_max, self.res_max = _weight_norms(w, q * scale[:, None])
+        _q, scale, (self.w_max, self.lp_max, self.res_max) = int8_weight(w)
         # Packed in vocabulary tiles: each tile's fp32 output is rounded to bf16 while it is in
         # cache (the whole fp32 output, written then read back, cost as much as the GEMM in
         # an ad-hoc timing on a 2-core AVX2 EPYC, 32 rows of a 129k head).
@@ -271,8 +252,8 @@ class _Int8FbgemmLogits:
         top = float(y.abs().max())
         x = top / (127 - INT8_ZERO) if top > 0 else 1.0
         lp = torch.round(y / x).clamp_(INT8_ZERO - 127, 127 - INT8_ZERO) * x
-        r = _row_norm(y - lp)
-        a = (_row_norm(y) + r) * (self.res_max + 2.0**-20 * self.lp_max) + r * self.w_max
+        r = row_norm(y - lp)
+        a = (row_norm(y) + r) * (self.res_max + 2.0**-20 * self.lp_max) + r * self.w_max
         # (A new tensor per call: a masker keeps a call's logits while later calls run.)
         out = torch.empty(y.shape[0], self._vocab, dtype=torch.bfloat16)
         y = y.contiguous()
@@ -305,8 +286,8 @@ class GreedyHead:
         # The last call's approximate logits, bounds and rows, kept for `MaskedGreedy`: a
         # grammar-constrained row whose argmax its grammar refuses is settled again from them
         # under its mask instead of paying for its whole fp32 logits row.
-        # (int8-avx2, which settles without them, keeps a function that computes them.)
-        self.last: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | Callable | None = None
+        # (int8-avx2, which settles without them, keeps what computes them: _LazyLast.)
+        self.last: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | _LazyLast | None = None
 
     def prepare(self, w: torch.Tensor) -> None:
         key = (w.data_ptr(), w._version)
@@ -325,7 +306,7 @@ class GreedyHead:
             if idx is None:  # a non-finite row
                 self.last = None
                 return F.linear(y, w.float()).argmax(-1)
-            self.last = functools.partial(_with_margin, self._logits, y)
+            self.last = _LazyLast(self._logits, y)
             return idx
         logits = self._logits(y)
         if logits is None:  # a non-finite row: no bound holds, the plain path says what fp32 does
@@ -336,11 +317,17 @@ class GreedyHead:
         return settle(approx, self.last[1], y, w)
 
 
-def _with_margin(logits: Callable, y: torch.Tensor) -> tuple | None:
-    """GreedyHead.last of a head that settles inside: its approximate logits of y, with the bound
-    widened as `argmax` widens it."""
-    approx, a = logits(y)
-    return approx, a * _MARGIN, y
+@dataclass(frozen=True)
+class _LazyLast:
+    """GreedyHead.last of a head that settles inside (int8-avx2): its rows, and its approximate
+    logits of them only when first asked for, with the bound widened as `argmax` widens it."""
+
+    logits: Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
+    y: torch.Tensor
+
+    def __call__(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        approx, a = self.logits(self.y)  # (y is finite: argmax returned None otherwise)
+        return approx, a * _MARGIN, self.y
 
 
 class MaskedGreedy:
@@ -352,28 +339,23 @@ class MaskedGreedy:
     WALK = 64
 
     def __init__(self, last, w: torch.Tensor) -> None:
-        # (approx, a, y), or a function that computes them when first needed
+        # (approx, a, y), or a _LazyLast that computes approx and a when first needed
         self._last = last
+        self.y = last.y if isinstance(last, _LazyLast) else last[2]
         self.w = w
 
-    def _resolve(self) -> None:
-        if callable(self._last):
+    def _resolve(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        if isinstance(self._last, _LazyLast):
             self._last = self._last()
+        return self._last
 
     @property
     def approx(self) -> torch.Tensor:
-        self._resolve()
-        return self._last[0]
+        return self._resolve()[0]
 
     @property
     def a(self) -> torch.Tensor:
-        self._resolve()
-        return self._last[1]
-
-    @property
-    def y(self) -> torch.Tensor:
-        self._resolve()
-        return self._last[2]
+        return self._resolve()[1]
 
     def __call__(self, rows: list[int], words: np.ndarray, limit: int) -> list:
         """Each row's fp32 argmax among the tokens its packed mask allows (words [len(rows),

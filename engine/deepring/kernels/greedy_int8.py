@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 
 from deepring.kernels.dispatch import cpu_kernel, use_numba, weight_array
-from deepring.kernels.greedy import finite_absmax
+from deepring.kernels.greedy import finite_absmax, int8_weight, row_norm
 
 ROW_MAX = 63  # the kernel's _Int8Head.ROW_MAX (checked at construction)
 
@@ -46,10 +46,6 @@ def cpu_int8_avx2() -> bool:
     """Whether the native module has the kernel and this CPU runs its AVX2 path."""
     cls = _native()
     return cls is not None and bool(cls.has_avx2())
-
-
-def _row_norm(x: torch.Tensor) -> torch.Tensor:
-    return torch.linalg.vector_norm(x, dim=-1)
 
 
 def _array(raw: bytes, dtype) -> np.ndarray:
@@ -115,13 +111,7 @@ class Int8Avx2Logits:
         cls = _native()
         if cls is None or cls.ROW_MAX != ROW_MAX:
             raise ValueError("the int8-avx2 greedy head needs deepring_recipe's _Int8Head kernel")
-        scale = w.abs().amax(-1) / 127
-        scale = torch.where(scale > 0, scale, torch.ones_like(scale))  # an all-zero row
-        q = torch.round(w / scale[:, None]).clamp_(-127, 127)
-        lp = q * scale[:, None]
-        self.w_max = float(_row_norm(w).max())
-        self.lp_max = float(_row_norm(lp).max())
-        self.res_max = float(_row_norm(w - lp).max())
+        q, scale, (self.w_max, self.lp_max, self.res_max) = int8_weight(w)
         self.vocab, self.k = w.shape
         q8 = q.to(torch.int8).numpy().tobytes()
         self._head = cls(q8, scale.float().numpy().tobytes(), self.vocab, self.k)
@@ -141,8 +131,8 @@ class Int8Avx2Logits:
         top = y.abs().amax(-1)
         x = torch.where(top > 0, top / ROW_MAX, torch.ones_like(top))  # fp32, as used below
         q = torch.round(y / x[:, None]).clamp_(-ROW_MAX, ROW_MAX)
-        r = _row_norm(y - q * x[:, None])
-        a = (_row_norm(y) + r) * res_term + r * self.w_max
+        r = row_norm(y - q * x[:, None])
+        a = (row_norm(y) + r) * res_term + r * self.w_max
         return q.to(torch.int8), x, a
 
     def __call__(self, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
